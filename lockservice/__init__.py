@@ -1,0 +1,5 @@
+"""
+lockservice: a distributed lock service with FIFO queues and fencing tokens.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,150 @@
+# -*- test-case-name: tests.test_protocol -*-
+"""
+The client line protocol: parse a line, ask the service, write the answer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Deque, Dict, Optional
+
+from twisted.internet.protocol import Factory
+from twisted.protocols.basic import LineOnlyReceiver
+from twisted.python.failure import Failure
+
+from lockservice import wire
+from lockservice.service import LockService, PendingAcquire
+
+if TYPE_CHECKING:
+    from lockservice.cluster import Cluster
+
+PEER_HELLO = b"HELLO"
+
+
+class LockProtocol(LineOnlyReceiver):
+    """
+    One client connection.
+
+    Answers to queued acquires are written in send order per key, as the
+    spec requires for equal (op, key) pairs: a later request's timeout is
+    held back until the earlier request on the same key is answered.
+    """
+
+    delimiter = b"\n"
+    # A line may carry "\r\n": its content is still limited to MAX_LINE.
+    MAX_LENGTH = wire.MAX_LINE + 1
+    factory: "LockFactory"
+
+    def __init__(self) -> None:
+        self._pending: Dict[bytes, Deque[PendingAcquire]] = {}
+        self._seenRequest = False
+        self.peer: Optional[object] = None
+
+    def connectionMade(self) -> None:
+        self.service = self.factory.service
+        self.service.connections.add(self)
+        self.service.stats.connections += 1
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.peer is not None:
+            self.peer.dataReceived(data)  # type: ignore[attr-defined]
+            return
+        lines = (self._buffer + data).split(b"\n")
+        self._buffer = lines.pop()
+        for index, line in enumerate(lines):
+            if self.transport.disconnecting:  # type: ignore[union-attr]
+                return
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            if self.peer is not None:
+                # A peer handshake switched this connection over.
+                rest = b"\n".join(lines[index:] + [self._buffer])
+                self._buffer = b""
+                if rest:
+                    self.peer.dataReceived(rest)  # type: ignore[attr-defined]
+                return
+            if len(line) > wire.MAX_LINE:
+                return self.lineLengthExceeded(line)
+            self.lineReceived(line)
+        buffered = len(self._buffer)
+        if buffered > wire.MAX_LINE and not (
+            buffered == wire.MAX_LINE + 1 and self._buffer[-1:] == b"\r"
+        ):
+            self.lineLengthExceeded(self._buffer)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self._buffer = b""
+        self.service.stats.errors += 1
+        self.transport.write(wire.LINE_TOO_LONG)  # type: ignore[union-attr]
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+    def lineReceived(self, line: bytes) -> None:
+        if not line:
+            return
+        if not self._seenRequest:
+            self._seenRequest = True
+            if line.startswith(PEER_HELLO + b" ") and self.factory.cluster is not None:
+                self.peer = self.factory.cluster.acceptPeer(self, line)
+                return
+        service = self.service
+        try:
+            request = wire.parseRequest(line, service.maxLease, service.maxWait)
+        except wire.BadRequest as e:
+            service.stats.errors += 1
+            self.transport.write(e.answer())  # type: ignore[union-attr]
+            return
+        if isinstance(request, wire.Acquire):
+            self._acquire(request)
+        elif isinstance(request, wire.Release):
+            self.transport.write(  # type: ignore[union-attr]
+                service.release(request.key, request.token)
+            )
+        else:
+            self.transport.write(wire.pong(request.word))  # type: ignore[union-attr]
+
+    def _acquire(self, request: wire.Acquire) -> None:
+        waiter = PendingAcquire(request.key, request.lease, self)
+        answer = self.service.acquire(waiter, request.wait)
+        earlier = self._pending.get(request.key)
+        if answer is not None and not earlier:
+            self.transport.write(answer)  # type: ignore[union-attr]
+            return
+        if earlier is None:
+            earlier = self._pending[request.key] = deque()
+        earlier.append(waiter)
+        if answer is not None:
+            self.finish(waiter, answer)
+
+    def finish(self, waiter: PendingAcquire, answer: bytes) -> None:
+        """
+        Answer a queued acquire, keeping send order among equal keys.
+        """
+        waiter.answer = answer
+        queue = self._pending[waiter.key]
+        while queue and queue[0].answer is not None:
+            self.transport.write(queue.popleft().answer)  # type: ignore[union-attr, arg-type]
+        if not queue:
+            del self._pending[waiter.key]
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        if self.peer is not None:
+            self.peer.connectionLost(reason)  # type: ignore[attr-defined]
+            self.peer = None
+        self.service.connections.discard(self)
+        for queue in self._pending.values():
+            for waiter in queue:
+                self.service.withdraw(waiter)
+        self._pending.clear()
+
+
+class LockFactory(Factory):
+    """
+    Builds client connections for one L{LockService}.
+    """
+
+    protocol = LockProtocol
+    noisy = False
+
+    def __init__(self, service: LockService, cluster: "Optional[Cluster]" = None) -> None:
+        self.service = service
+        self.cluster = cluster

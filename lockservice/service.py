@@ -1,0 +1,257 @@
+# -*- test-case-name: tests.test_protocol -*-
+"""
+The lock service: the lock table plus the clock that drives it.
+
+It owns every timer (lease expiry, wait timeout), answers the connections'
+requests, and tells its observers (replication, metrics) about each change
+of the table.  Whether this node may serve at all (active or standby) is
+decided by the cluster layer through L{LockService.setRole}.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol
+
+from twisted.application.service import Service
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from lockservice import wire
+from lockservice.core import Grant, LockTable, TokenExhausted, TokenIssuer, Waiter
+
+if TYPE_CHECKING:
+    from lockservice.protocol import LockProtocol
+
+ACTIVE = "active"
+STANDBY = "standby"
+SYNCING = "syncing"
+HANDING_OFF = "handing-off"
+LEAVING = "leaving"
+
+
+class PendingAcquire(Waiter):
+    """
+    A queued acquire: the table's waiter plus what is needed to answer it.
+    """
+
+    __slots__ = ("conn", "timer", "answer")
+
+    def __init__(self, key: bytes, lease: float, conn: "LockProtocol") -> None:
+        super().__init__(key, lease)
+        self.conn = conn
+        self.timer: Optional[IDelayedCall] = None
+        self.answer: Optional[bytes] = None
+
+
+class Stats:
+    """
+    Plain counters, cheap on the hot path; exported as metrics on demand.
+    """
+
+    def __init__(self) -> None:
+        self.grants = 0
+        self.releasesOk = 0
+        self.releasesStale = 0
+        self.expirations = 0
+        self.timeouts = 0
+        self.redirects = 0
+        self.errors = 0
+        self.connections = 0
+
+
+class ChangeObserver(Protocol):
+    """
+    Told of every change to the held keys (replication, metrics).
+    """
+
+    def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
+                waited: float) -> None: ...
+
+    def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None: ...
+
+
+class LockService(Service):
+    """
+    Serves acquire/release requests on one node.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        wallMicros: Callable[[], int],
+        maxLease: float = 86400.0,
+        maxWait: float = 86400.0,
+    ) -> None:
+        self.clock = clock
+        self.maxLease = maxLease
+        self.maxWait = maxWait
+        self.table = LockTable(TokenIssuer(wallMicros))
+        self.stats = Stats()
+        self.observers: List[ChangeObserver] = []
+        self.role = ACTIVE
+        self.activeAddress: Optional[bytes] = None
+        self.startedAt = clock.seconds()
+        self.connections: "set[LockProtocol]" = set()
+        self._leaseTimers: Dict[bytes, IDelayedCall] = {}
+
+    # -- role ------------------------------------------------------------
+
+    def setRole(self, role: str, activeAddress: Optional[bytes]) -> None:
+        """
+        Change what this node does with requests.  A node that stops being
+        active redirects its queued waiters, which then move to the active.
+        """
+        wasActive = self.role == ACTIVE
+        self.role = role
+        self.activeAddress = activeAddress
+        if wasActive and role != ACTIVE:
+            self._cancelLeaseTimers()
+            for waiter in self.table.takeWaiters():
+                self._cancelWaitTimer(waiter)
+                self.stats.redirects += 1
+                waiter.conn.finish(waiter, wire.redirect(b"A", waiter.key, activeAddress))
+        elif role == ACTIVE and not wasActive:
+            self._armAllLeases()
+
+    # -- requests from connections ---------------------------------------
+
+    def acquire(self, waiter: PendingAcquire, wait: float) -> Optional[bytes]:
+        """
+        @return: the answer line when the request is answered at once, or
+            None when it is queued (the connection is told later through
+            C{finish}).
+        """
+        if self.role != ACTIVE:
+            self.stats.redirects += 1
+            return wire.redirect(b"A", waiter.key, self.activeAddress)
+        now = self.clock.seconds()
+        try:
+            grant = self.table.acquire(waiter, now)
+        except TokenExhausted as e:
+            self.stats.errors += 1
+            return wire.BadRequest(b"A", waiter.key, str(e)).answer()
+        if grant is not None:
+            self._granted(grant, now, 0.0)
+            return wire.granted(grant.key, grant.token)
+        if wait > 0:
+            waiter.timer = self.clock.callLater(wait, self._waitExpired, waiter)
+        return None
+
+    def release(self, key: bytes, token: int) -> bytes:
+        if self.role != ACTIVE:
+            self.stats.redirects += 1
+            return wire.redirect(b"R", key, self.activeAddress)
+        now = self.clock.seconds()
+        holder = self.table.holder(key)
+        try:
+            ok, grant = self.table.release(key, token, now)
+        except TokenExhausted:
+            ok, grant = True, None
+        if not ok:
+            self.stats.releasesStale += 1
+            return wire.released(key, False)
+        self.stats.releasesOk += 1
+        assert holder is not None
+        self._dropped(key, token, now - holder.grantedAt, expired=False)
+        if grant is None:
+            timer = self._leaseTimers.pop(key, None)
+            if timer is not None:
+                timer.cancel()
+        else:
+            self._handedOver(grant, now)
+        return wire.released(key, True)
+
+    def withdraw(self, waiter: PendingAcquire) -> None:
+        """
+        Drop a waiter whose connection closed.
+        """
+        if self.table.withdraw(waiter):
+            self._cancelWaitTimer(waiter)
+
+    # -- timers ----------------------------------------------------------
+
+    def _waitExpired(self, waiter: PendingAcquire) -> None:
+        waiter.timer = None
+        if self.table.withdraw(waiter):
+            self.stats.timeouts += 1
+            waiter.conn.finish(waiter, wire.timedOut(waiter.key))
+
+    def _leaseExpired(self, key: bytes, token: int) -> None:
+        del self._leaseTimers[key]
+        holder = self.table.holder(key)
+        if holder is None or holder.token != token:
+            return
+        now = self.clock.seconds()
+        try:
+            expired, grant = self.table.expire(key, token, now)
+        except TokenExhausted:
+            return
+        if not expired:
+            # Fired a hair early (or the lease came from replication): re-arm.
+            self._armLease(key, token, holder.expiresAt - now)
+            return
+        self.stats.expirations += 1
+        self._dropped(key, token, now - holder.grantedAt, expired=True)
+        if grant is not None:
+            self._handedOver(grant, now)
+
+    def _armLease(self, key: bytes, token: int, delay: float) -> None:
+        self._leaseTimers[key] = self.clock.callLater(
+            max(delay, 0.0), self._leaseExpired, key, token
+        )
+
+    def _armAllLeases(self) -> None:
+        self._cancelLeaseTimers()
+        now = self.clock.seconds()
+        for key, holder in self.table.holders():
+            self._armLease(key, holder.token, holder.expiresAt - now)
+
+    def _cancelLeaseTimers(self) -> None:
+        for timer in self._leaseTimers.values():
+            timer.cancel()
+        self._leaseTimers.clear()
+
+    def _cancelWaitTimer(self, waiter: PendingAcquire) -> None:
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+
+    # -- grants ----------------------------------------------------------
+
+    def _granted(self, grant: Grant, now: float, waited: float) -> None:
+        self.stats.grants += 1
+        self._leaseTimers[grant.key] = self.clock.callLater(
+            grant.expiresAt - now, self._leaseExpired, grant.key, grant.token
+        )
+        for observer in self.observers:
+            observer.granted(grant.key, grant.token, now, grant.expiresAt, waited)
+
+    def _handedOver(self, grant: Grant, now: float) -> None:
+        """
+        Deliver a FIFO hand-over (after a release or an expiry) to its waiter.
+        """
+        old = self._leaseTimers.pop(grant.key, None)
+        if old is not None and old.active():
+            old.cancel()
+        waiter = grant.waiter
+        assert isinstance(waiter, PendingAcquire)
+        self._cancelWaitTimer(waiter)
+        self._granted(grant, now, now - waiter.queuedAt)
+        waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))
+
+    def _dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
+        for observer in self.observers:
+            observer.dropped(key, token, heldFor, expired)
+
+    # -- lifecycle -------------------------------------------------------
+
+    def uptime(self) -> float:
+        return self.clock.seconds() - self.startedAt
+
+    def stopService(self) -> None:
+        super().stopService()
+        self._cancelLeaseTimers()
+        for waiter in self.table.takeWaiters():
+            self._cancelWaitTimer(waiter)

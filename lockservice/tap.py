@@ -1,0 +1,160 @@
+# -*- test-case-name: tests.test_tap -*-
+"""
+C{twistd lockservice}: command-line options and the service tree.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import IService, MultiService
+from twisted.internet.endpoints import serverFromString
+from twisted.python import usage
+
+from lockservice.clock import useMonotonicTime, wallMicros
+from lockservice.protocol import LockFactory
+from lockservice.service import LockService
+
+DEFAULT_PORT = 7700
+
+
+def _seconds(name: str, positive: bool = True):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise usage.UsageError(f"--{name} must be a number of seconds, not {text!r}")
+        if not (value > 0 if positive else value >= 0) or value != value or value == float("inf"):
+            raise usage.UsageError(f"--{name} must be a positive number of seconds")
+        return value
+
+    return parse
+
+
+def parseAddress(text: str) -> tuple[str, int]:
+    """
+    Split C{host:port}; the port must be 1-65535.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise usage.UsageError(f"{text!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class Options(usage.Options):
+    synopsis = "[options]"
+    longdesc = (
+        "Run a lockservice node. Alone it is a single lock server; with "
+        "--peers it is one node of a priority-ordered cluster."
+    )
+
+    optParameters: List[List[object]] = [
+        ["listen", "l", None,
+         "Client/peer endpoint (default: the --node entry's port, or tcp:7700)."],
+        ["peers", "p", None,
+         "Comma-separated host:port of every node, highest priority first."],
+        ["node", "n", None, "This node's entry in --peers (inferred when unambiguous)."],
+        ["secret", "s", None, "File holding the shared secret peers must prove."],
+        ["http", None, None, "Endpoint for the HTTP status/metrics server (off by default)."],
+        ["max-lease", None, 86400.0, "Largest lease a client may ask for, seconds.",
+         _seconds("max-lease")],
+        ["max-wait", None, 86400.0, "Largest wait a client may ask for, seconds.",
+         _seconds("max-wait")],
+        ["heartbeat", None, 0.1, "Seconds between heartbeats to peers.", _seconds("heartbeat")],
+        ["peer-timeout", None, 1.0,
+         "Seconds of silence after which a peer counts as dead.", _seconds("peer-timeout")],
+    ]
+
+    def postOptions(self) -> None:
+        self["peerList"] = []
+        self["self"] = None
+        if self["peers"]:
+            self._resolvePeers()
+        elif self["node"]:
+            raise usage.UsageError("--node needs --peers")
+        if self["listen"] is None:
+            if self["self"] is not None:
+                host, port = parseAddress(self["self"])
+                self["listen"] = f"tcp:{port}:interface={host}"
+            else:
+                self["listen"] = f"tcp:{DEFAULT_PORT}"
+        if self["peer-timeout"] <= self["heartbeat"]:
+            raise usage.UsageError("--peer-timeout must be longer than --heartbeat")
+        if self["secret"] is not None:
+            try:
+                with open(self["secret"], "rb") as f:
+                    self["secretBytes"] = f.read().strip()
+            except OSError as e:
+                raise usage.UsageError(f"cannot read --secret {self['secret']}: {e.strerror}")
+            if not self["secretBytes"]:
+                raise usage.UsageError(f"--secret {self['secret']} is empty")
+        else:
+            self["secretBytes"] = b""
+
+    def _resolvePeers(self) -> None:
+        peers = [p.strip() for p in self["peers"].split(",")]
+        for peer in peers:
+            parseAddress(peer)
+        if len(set(peers)) != len(peers):
+            raise usage.UsageError("--peers lists the same node twice")
+        self["peerList"] = peers
+        if self["node"]:
+            if self["node"] not in peers:
+                raise usage.UsageError(f"--node {self['node']} is not in --peers")
+            self["self"] = self["node"]
+            return
+        if self["listen"] is None:
+            if len(peers) == 1:
+                self["self"] = peers[0]
+                return
+            raise usage.UsageError("cannot tell which --peers entry is this node: give --node")
+        listenPort = _endpointPort(self["listen"])
+        matches = [p for p in peers if parseAddress(p)[1] == listenPort]
+        if len(matches) != 1:
+            raise usage.UsageError("cannot tell which --peers entry is this node: give --node")
+        self["self"] = matches[0]
+
+
+def _endpointPort(description: str) -> Optional[int]:
+    for part in description.split(":")[1:]:
+        if part.isdigit():
+            return int(part)
+        if part.startswith("port="):
+            return int(part[5:]) if part[5:].isdigit() else None
+    return None
+
+
+def makeService(config: Options) -> IService:
+    from twisted.internet import reactor
+
+    useMonotonicTime(reactor)
+    root = MultiService()
+    locks = LockService(
+        reactor, wallMicros, maxLease=config["max-lease"], maxWait=config["max-wait"]  # type: ignore[arg-type]
+    )
+    locks.setServiceParent(root)
+    cluster = None
+    if len(config["peerList"]) > 1:
+        from lockservice.cluster import Cluster
+
+        cluster = Cluster(
+            reactor,
+            locks,
+            peers=config["peerList"],
+            me=config["self"],
+            secret=config["secretBytes"],
+            heartbeat=config["heartbeat"],
+            peerTimeout=config["peer-timeout"],
+        )
+        cluster.setServiceParent(root)
+    factory = LockFactory(locks, cluster)
+    listener = StreamServerEndpointService(serverFromString(reactor, config["listen"]), factory)
+    # A port that cannot be bound must stop twistd, not leave a deaf node.
+    listener._raiseSynchronously = True
+    listener.setServiceParent(root)
+    if config["http"]:
+        from lockservice.http import makeHTTPService
+
+        makeHTTPService(reactor, config["http"], locks, cluster).setServiceParent(root)
+    return root

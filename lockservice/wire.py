@@ -1,0 +1,184 @@
+# -*- test-case-name: tests.test_wire -*-
+"""
+Parsing and formatting of the client line protocol (SPEC section 3).
+
+Pure functions over bytes; nothing here knows about connections.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Optional, Union
+
+from lockservice.core import MAX_TOKEN
+
+MAX_LINE = 4096
+MAX_KEY = 250
+
+_NUMBER = re.compile(rb"[0-9]+(?:\.[0-9]+)?")
+_DIGITS = re.compile(rb"[0-9]+")
+_ASCII_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
+_C1_CONTROL = re.compile("[\x80-\x9f]")
+
+
+class BadRequest(Exception):
+    """
+    A request that must be answered C{E op key message}.
+    """
+
+    def __init__(self, op: bytes, key: bytes, message: str) -> None:
+        super().__init__(message)
+        self.op = op
+        self.key = key
+        self.message = message
+
+    def answer(self) -> bytes:
+        return b"E " + self.op + b" " + self.key + b" " + self.message.encode() + b"\n"
+
+
+class Acquire:
+    __slots__ = ("key", "lease", "wait")
+
+    def __init__(self, key: bytes, lease: float, wait: float) -> None:
+        self.key = key
+        self.lease = lease
+        self.wait = wait
+
+
+class Release:
+    __slots__ = ("key", "token")
+
+    def __init__(self, key: bytes, token: int) -> None:
+        self.key = key
+        self.token = token
+
+
+class Ping:
+    __slots__ = ("word",)
+
+    def __init__(self, word: bytes) -> None:
+        self.word = word
+
+
+Request = Union[Acquire, Release, Ping]
+
+_ARITY = {b"A": 4, b"R": 3, b"P": 2}
+
+
+def isValidKey(key: bytes) -> bool:
+    """
+    1-250 bytes of UTF-8 with no space and no control character (Cc).
+    """
+    if not 0 < len(key) <= MAX_KEY or b" " in key:
+        return False
+    if _ASCII_CONTROL.search(key) is not None:
+        return False
+    if key.isascii():
+        return True
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return _C1_CONTROL.search(text) is None
+
+
+def parseSeconds(field: bytes, maximum: float) -> Optional[float]:
+    """
+    Parse C{[0-9]+(.[0-9]+)?} no larger than C{maximum}, exactly.
+
+    @return: the value, or None when malformed or too large.
+    """
+    if _NUMBER.fullmatch(field) is None:
+        return None
+    value = float(field)
+    # float() rounds: decide the inclusive upper bound on the exact decimal.
+    if value >= maximum and Decimal(field.decode()) > Decimal(repr(maximum)):
+        return None
+    if value == 0.0 and field.strip(b"0.") != b"":
+        # A tiny positive value that underflowed: keep it positive.
+        return 5e-324
+    return value
+
+
+def parseToken(field: bytes) -> Optional[int]:
+    if _DIGITS.fullmatch(field) is None:
+        return None
+    significant = field.lstrip(b"0")
+    if len(significant) > 20:
+        return None
+    token = int(significant or b"0")
+    return token if token <= MAX_TOKEN else None
+
+
+def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
+    """
+    Parse one request line (without its line ending).
+
+    @raise BadRequest: for anything SPEC section 3 calls a bad request.
+    """
+    fields = line.split(b" ")
+    op = fields[0]
+    echoOp = op if op in _ARITY else b"*"
+    keyField = fields[1] if len(fields) > 1 else b""
+    echoKey = keyField if isValidKey(keyField) else b"*"
+
+    def bad(message: str) -> BadRequest:
+        return BadRequest(echoOp, echoKey, message)
+
+    if b"" in fields:
+        raise bad("fields must be separated by exactly one space")
+    arity = _ARITY.get(op)
+    if arity is None:
+        raise bad("unknown operation")
+    if len(fields) != arity:
+        raise bad(
+            {
+                b"A": "expected: A <key> <lease> <wait>",
+                b"R": "expected: R <key> <token>",
+                b"P": "expected: P <word>",
+            }[op]
+        )
+    if echoKey == b"*":
+        what = "word" if op == b"P" else "key"
+        raise bad(f"bad {what}: 1-250 bytes of UTF-8, no spaces or control characters")
+    if op == b"A":
+        lease = parseSeconds(fields[2], maxLease)
+        if lease is None or lease == 0.0:
+            raise bad(f"bad lease: seconds, 0 < lease <= {maxLease:g}, digits only")
+        wait = parseSeconds(fields[3], maxWait)
+        if wait is None:
+            raise bad(f"bad wait: seconds, 0 <= wait <= {maxWait:g}, digits only")
+        return Acquire(keyField, lease, wait)
+    if op == b"R":
+        token = parseToken(fields[2])
+        if token is None:
+            raise bad("bad token: decimal digits, at most 2^64-1")
+        return Release(keyField, token)
+    return Ping(keyField)
+
+
+# -- answers ----------------------------------------------------------------
+
+
+def granted(key: bytes, token: int) -> bytes:
+    return b"A " + key + b" " + str(token).encode() + b"\n"
+
+
+def timedOut(key: bytes) -> bytes:
+    return b"T " + key + b"\n"
+
+
+def released(key: bytes, ok: bool) -> bytes:
+    return b"R " + key + (b" OK\n" if ok else b" STALE\n")
+
+
+def pong(word: bytes) -> bytes:
+    return b"P " + word + b"\n"
+
+
+def redirect(op: bytes, key: bytes, active: Optional[bytes]) -> bytes:
+    return b"M " + op + b" " + key + b" " + (active or b"*") + b"\n"
+
+
+LINE_TOO_LONG = b"E * * line too long\n"
