@@ -200,10 +200,10 @@ class LockTable:
         if not state.queue:
             del self._keys[key]
             return None
+        token = self.tokens.issue()
         waiter = state.queue.popleft()
         waiter.queued = False
         self.waiterCount -= 1
-        token = self.tokens.issue()
         expiresAt = now + waiter.lease
         state.holder = Holder(token, now, expiresAt)
         return Grant(key, token, expiresAt, waiter)

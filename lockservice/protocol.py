@@ -96,9 +96,7 @@ class LockProtocol(LineOnlyReceiver):
         if isinstance(request, wire.Acquire):
             self._acquire(request)
         elif isinstance(request, wire.Release):
-            self.transport.write(  # type: ignore[union-attr]
-                service.release(request.key, request.token)
-            )
+            service.release(request.key, request.token, self.transport.write)  # type: ignore[union-attr]
         else:
             self.transport.write(wire.pong(request.word))  # type: ignore[union-attr]
 

@@ -139,10 +139,15 @@ class LockService(Service):
             waiter.timer = self.clock.callLater(wait, self._waitExpired, waiter)
         return None
 
-    def release(self, key: bytes, token: int) -> bytes:
+    def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
+        """
+        Release C{token}'s hold on C{key}; C{reply} gets the answer before
+        the key's next waiter hears of its grant.
+        """
         if self.role != ACTIVE:
             self.stats.redirects += 1
-            return wire.redirect(b"R", key, self.activeAddress)
+            reply(wire.redirect(b"R", key, self.activeAddress))
+            return
         now = self.clock.seconds()
         holder = self.table.holder(key)
         try:
@@ -151,8 +156,10 @@ class LockService(Service):
             ok, grant = True, None
         if not ok:
             self.stats.releasesStale += 1
-            return wire.released(key, False)
+            reply(wire.released(key, False))
+            return
         self.stats.releasesOk += 1
+        reply(wire.released(key, True))
         assert holder is not None
         self._dropped(key, token, now - holder.grantedAt, expired=False)
         if grant is None:
@@ -161,7 +168,6 @@ class LockService(Service):
                 timer.cancel()
         else:
             self._handedOver(grant, now)
-        return wire.released(key, True)
 
     def withdraw(self, waiter: PendingAcquire) -> None:
         """

@@ -1,0 +1,247 @@
+"""
+Real processes for tests, benchmarks and the chaos suite: start
+C{twistd -n lockservice} nodes on loopback, signal them, and talk to them
+with a tiny blocking line client.
+
+Blocking on purpose: it is used from test set-up code and from the
+harnesses' controller, never from inside a reactor callback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import lockservice
+
+_SOURCE_ROOT = Path(lockservice.__file__).resolve().parent.parent
+
+
+def freePort() -> int:
+    """
+    A TCP port on 127.0.0.1 that nothing listens on right now.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def freePorts(count: int) -> List[int]:
+    ports: List[int] = []
+    while len(ports) < count:
+        port = freePort()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def twistdEnvironment() -> Dict[str, str]:
+    """
+    The environment for a child twistd: when running from a source tree,
+    put it on PYTHONPATH so its C{twisted/plugins} is found.
+    """
+    env = dict(os.environ)
+    if (_SOURCE_ROOT / "twisted" / "plugins" / "lockservice_plugin.py").exists():
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(_SOURCE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        )
+    return env
+
+
+class LineClient:
+    """
+    A blocking client for the line protocol (tests and harness control).
+    """
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def readline(self, timeout: Optional[float] = None) -> bytes:
+        if timeout is not None:
+            self.sock.settimeout(timeout)
+        while b"\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("connection closed")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line
+
+    def ask(self, line: bytes, timeout: Optional[float] = None) -> bytes:
+        self.send(line + b"\n")
+        return self.readline(timeout)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "LineClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def ping(port: int, timeout: float = 1.0) -> bool:
+    try:
+        with LineClient(port, timeout=timeout) as c:
+            return c.ask(b"P ping") == b"P ping"
+    except OSError:
+        return False
+
+
+class Node:
+    """
+    One C{twistd -n lockservice} process on 127.0.0.1.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        peers: Optional[Sequence[int]] = None,
+        args: Sequence[str] = (),
+        logDir: Optional[str] = None,
+        name: Optional[str] = None,
+    ) -> None:
+        self.port = port
+        self.address = f"127.0.0.1:{port}"
+        self.peers = list(peers) if peers else []
+        self.args = list(args)
+        self.logDir = logDir or tempfile.mkdtemp(prefix="lockservice-")
+        self.name = name or f"node-{port}"
+        self.process: Optional[subprocess.Popen[bytes]] = None
+        self.starts = 0
+
+    def command(self) -> List[str]:
+        cmd = [
+            sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+            "-n", "--pidfile=", "-l", self.logPath(), "lockservice",
+        ]
+        if self.peers:
+            cmd += [
+                "--peers", ",".join(f"127.0.0.1:{p}" for p in self.peers),
+                "--node", self.address,
+            ]
+        else:
+            cmd += ["--listen", f"tcp:{self.port}:interface=127.0.0.1"]
+        return cmd + self.args
+
+    def logPath(self) -> str:
+        return os.path.join(self.logDir, f"{self.name}.log")
+
+    def start(self, wait: bool = True, timeout: float = 15.0) -> "Node":
+        self.starts += 1
+        self.process = subprocess.Popen(
+            self.command(),
+            env=twistdEnvironment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(self.logDir, f"{self.name}.stderr"), "ab"),
+        )
+        if wait:
+            self.waitReady(timeout)
+        return self
+
+    def waitReady(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n"
+                                   + self.tail())
+            if ping(self.port, timeout=0.5):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} did not answer P within {timeout}s:\n" + self.tail())
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.logPath(), errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        """
+        C{kill -9}, then reap.
+        """
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def interrupt(self, timeout: float = 15.0) -> int:
+        """
+        SIGINT (a graceful stop), then wait for the exit.
+        """
+        assert self.process is not None
+        self.signal(signal.SIGINT)
+        return self.process.wait(timeout)
+
+    def rss(self) -> int:
+        """
+        Resident set size in bytes (Linux /proc).
+        """
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def stop(self) -> None:
+        """
+        Make sure the process is gone (test clean-up): resume it if stopped,
+        then kill it.
+        """
+        if self.alive():
+            self.signal(signal.SIGCONT)
+            self.kill()
+
+
+class Cluster:
+    """
+    Nodes on free loopback ports, listed in priority order.
+    """
+
+    def __init__(self, size: int, args: Sequence[str] = (), logDir: Optional[str] = None) -> None:
+        self.ports = freePorts(size)
+        self.logDir = logDir or tempfile.mkdtemp(prefix="lockservice-cluster-")
+        self.nodes = [
+            Node(port, peers=self.ports, args=args, logDir=self.logDir, name=f"node{i}")
+            for i, port in enumerate(self.ports)
+        ]
+
+    def start(self) -> "Cluster":
+        for node in self.nodes:
+            node.start(wait=False)
+        for node in self.nodes:
+            node.waitReady()
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def addresses(self) -> List[str]:
+        return [n.address for n in self.nodes]

@@ -1,0 +1,279 @@
+"""
+The pure lock table: unit tests and property tests over random operation
+sequences.  No reactor, no sleeping: time is a number we pass in.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lockservice.core import MAX_TOKEN, LockTable, TokenExhausted, TokenIssuer, Waiter
+import pytest
+
+
+class FakeWall:
+    def __init__(self, micros: int = 1_000_000) -> None:
+        self.micros = micros
+
+    def __call__(self) -> int:
+        return self.micros
+
+
+def makeTable(micros: int = 1_000_000) -> Tuple[LockTable, FakeWall]:
+    wall = FakeWall(micros)
+    return LockTable(TokenIssuer(wall)), wall
+
+
+def test_free_key_granted_at_once_with_clock_token() -> None:
+    table, wall = makeTable(5_000_000)
+    grant = table.acquire(Waiter(b"k", 30.0), now=100.0)
+    assert grant is not None
+    assert grant.token == 5_000_000
+    assert grant.expiresAt == 130.0
+    assert grant.waiter is None
+
+
+def test_tokens_rise_by_one_when_clock_stands_still() -> None:
+    table, wall = makeTable()
+    first = table.acquire(Waiter(b"a", 1.0), 0.0)
+    second = table.acquire(Waiter(b"b", 1.0), 0.0)
+    assert first and second
+    assert second.token == first.token + 1
+
+
+def test_tokens_follow_clock_when_it_runs_ahead() -> None:
+    table, wall = makeTable()
+    table.acquire(Waiter(b"a", 1.0), 0.0)
+    wall.micros = 9_000_000
+    grant = table.acquire(Waiter(b"b", 1.0), 0.0)
+    assert grant and grant.token == 9_000_000
+
+
+def test_tokens_never_fall_when_clock_steps_back() -> None:
+    table, wall = makeTable(9_000_000)
+    first = table.acquire(Waiter(b"a", 1.0), 0.0)
+    wall.micros = 1
+    second = table.acquire(Waiter(b"b", 1.0), 0.0)
+    assert first and second and second.token == first.token + 1
+
+
+def test_observed_tokens_raise_the_floor() -> None:
+    tokens = TokenIssuer(FakeWall(10))
+    tokens.observe(500)
+    tokens.observe(20)
+    assert tokens.issue() == 501
+
+
+def test_token_space_exhaustion_is_an_error_not_a_wrap() -> None:
+    tokens = TokenIssuer(FakeWall(10), last=MAX_TOKEN)
+    with pytest.raises(TokenExhausted):
+        tokens.issue()
+
+
+def test_held_key_queues_and_release_hands_over_fifo() -> None:
+    table, _ = makeTable()
+    grant = table.acquire(Waiter(b"k", 10.0), 0.0)
+    assert grant
+    first, second = Waiter(b"k", 5.0), Waiter(b"k", 7.0)
+    assert table.acquire(first, 1.0) is None
+    assert table.acquire(second, 2.0) is None
+    assert table.queueLength(b"k") == 2
+    ok, handed = table.release(b"k", grant.token, 3.0)
+    assert ok and handed is not None
+    assert handed.waiter is first
+    assert handed.token > grant.token
+    assert handed.expiresAt == 8.0
+    holder = table.holder(b"k")
+    assert holder and holder.token == handed.token
+
+
+def test_release_with_stale_token_changes_nothing() -> None:
+    table, _ = makeTable()
+    grant = table.acquire(Waiter(b"k", 10.0), 0.0)
+    assert grant
+    assert table.release(b"k", grant.token + 1, 1.0) == (False, None)
+    assert table.release(b"other", grant.token, 1.0) == (False, None)
+    assert table.release(b"k", 0, 1.0) == (False, None)
+    holder = table.holder(b"k")
+    assert holder and holder.token == grant.token
+
+
+def test_release_of_last_holder_frees_key() -> None:
+    table, _ = makeTable()
+    grant = table.acquire(Waiter(b"k", 10.0), 0.0)
+    assert grant
+    assert table.release(b"k", grant.token, 1.0) == (True, None)
+    assert table.holder(b"k") is None
+    assert len(table) == 0
+    assert table.release(b"k", grant.token, 1.0) == (False, None)
+
+
+def test_expiry_only_after_lease_and_only_for_current_holder() -> None:
+    table, _ = makeTable()
+    grant = table.acquire(Waiter(b"k", 10.0), 0.0)
+    assert grant
+    waiter = Waiter(b"k", 3.0)
+    table.acquire(waiter, 1.0)
+    assert table.expire(b"k", grant.token, 9.999) == (False, None)
+    expired, handed = table.expire(b"k", grant.token, 10.0)
+    assert expired and handed and handed.waiter is waiter
+    assert table.expire(b"k", grant.token, 50.0) == (False, None)
+
+
+def test_withdraw_removes_waiter_once() -> None:
+    table, _ = makeTable()
+    grant = table.acquire(Waiter(b"k", 10.0), 0.0)
+    assert grant
+    waiter = Waiter(b"k", 3.0)
+    table.acquire(waiter, 0.0)
+    assert table.withdraw(waiter) is True
+    assert table.withdraw(waiter) is False
+    assert table.waiterCount == 0
+    assert table.release(b"k", grant.token, 1.0) == (True, None)
+
+
+def test_same_owner_is_not_reentrant() -> None:
+    table, _ = makeTable()
+    owner = object()
+    assert table.acquire(Waiter(b"k", 10.0, owner), 0.0) is not None
+    assert table.acquire(Waiter(b"k", 10.0, owner), 0.0) is None
+
+
+def test_install_and_drop_mirror_replicated_holders() -> None:
+    table, _ = makeTable(1)
+    table.install(b"k", 777, 0.0, 20.0)
+    holder = table.holder(b"k")
+    assert holder and holder.token == 777 and holder.expiresAt == 20.0
+    assert table.tokens.last == 777
+    table.drop(b"k", 776)
+    assert table.holder(b"k") is not None
+    table.drop(b"k", 777)
+    assert table.holder(b"k") is None
+
+
+def test_take_waiters_keeps_holders() -> None:
+    table, _ = makeTable()
+    table.acquire(Waiter(b"k", 10.0), 0.0)
+    waiters = [Waiter(b"k", 1.0), Waiter(b"k", 1.0)]
+    for w in waiters:
+        table.acquire(w, 0.0)
+    assert table.takeWaiters() == waiters
+    assert table.holder(b"k") is not None
+    assert table.waiterCount == 0 and table.queueLength(b"k") == 0
+
+
+# -- property tests ---------------------------------------------------------
+
+KEYS = [b"a", b"b", b"c"]
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("acquire"), st.sampled_from(KEYS), st.integers(1, 5)),
+        st.tuples(st.just("release"), st.sampled_from(KEYS), st.booleans()),
+        st.tuples(st.just("withdraw"), st.integers(0, 50), st.none()),
+        st.tuples(st.just("tick"), st.integers(1, 4), st.none()),
+        st.tuples(st.just("wallstep"), st.integers(-3_000_000, 3_000_000), st.none()),
+    ),
+    max_size=120,
+)
+
+
+class Model:
+    """
+    Drives a LockTable the way the service does (including lease expiry
+    at the right moments) and records every event for the checks.
+    """
+
+    def __init__(self) -> None:
+        self.wall = FakeWall(1_000_000)
+        self.table = LockTable(TokenIssuer(self.wall))
+        self.now = 0.0
+        self.waiters: List[Waiter] = []
+        self.fate: Dict[int, str] = {}
+        self.queueOrder: Dict[bytes, List[int]] = {k: [] for k in KEYS}
+        self.grantOrder: Dict[bytes, List[int]] = {k: [] for k in KEYS}
+        self.tokens: List[int] = []
+        self.holding: Dict[bytes, Optional[Tuple[int, float]]] = {k: None for k in KEYS}
+
+    def grant(self, key: bytes, token: int, expiresAt: float, waiter: Optional[Waiter]) -> None:
+        assert self.holding[key] is None, "two holders at once"
+        self.holding[key] = (token, expiresAt)
+        self.tokens.append(token)
+        if waiter is not None:
+            ident = self.waiters.index(waiter)
+            self.fate[ident] = "granted"
+            self.grantOrder[key].append(ident)
+
+    def freed(self, key: bytes) -> None:
+        self.holding[key] = None
+
+    def handOver(self, key: bytes, grant: object) -> None:
+        self.freed(key)
+        if grant is not None:
+            self.grant(key, grant.token, grant.expiresAt, grant.waiter)  # type: ignore[attr-defined]
+
+    def expireDue(self) -> None:
+        for key in KEYS:
+            held = self.holding[key]
+            while held is not None and held[1] <= self.now:
+                expired, grant = self.table.expire(key, held[0], self.now)
+                assert expired
+                self.handOver(key, grant)
+                held = self.holding[key]
+
+    def run(self, op: str, a: object, b: object) -> None:
+        if op == "acquire":
+            waiter = Waiter(a, float(b))  # type: ignore[arg-type]
+            self.waiters.append(waiter)
+            ident = len(self.waiters) - 1
+            grant = self.table.acquire(waiter, self.now)
+            if grant is None:
+                self.fate[ident] = "waiting"
+                self.queueOrder[a].append(ident)  # type: ignore[index]
+            else:
+                self.fate[ident] = "granted"
+                self.grant(a, grant.token, grant.expiresAt, None)  # type: ignore[arg-type]
+        elif op == "release":
+            held = self.holding[a]  # type: ignore[index]
+            token = held[0] if held and b else 12345
+            ok, grant = self.table.release(a, token, self.now)  # type: ignore[arg-type]
+            assert ok == bool(held and b)
+            if ok:
+                self.handOver(a, grant)  # type: ignore[arg-type]
+        elif op == "withdraw":
+            if self.waiters:
+                ident = a % len(self.waiters)  # type: ignore[operator]
+                waiter = self.waiters[ident]
+                was = self.fate[ident] == "waiting"
+                assert self.table.withdraw(waiter) == was
+                if was:
+                    self.fate[ident] = "dropped"
+                    self.queueOrder[waiter.key].remove(ident)
+        elif op == "tick":
+            self.now += float(a)  # type: ignore[arg-type]
+            self.expireDue()
+        elif op == "wallstep":
+            self.wall.micros = max(0, self.wall.micros + a)  # type: ignore[operator]
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_random_sequences_keep_the_invariants(ops: List[Tuple[str, object, object]]) -> None:
+    model = Model()
+    for op in ops:
+        model.run(*op)
+    # Run out every lease: every waiter must end granted or dropped.
+    for _ in range(len(model.waiters) + 1):
+        model.now += 10
+        model.expireDue()
+    # Tokens strictly increasing, whatever the wall clock did.
+    assert all(a < b for a, b in zip(model.tokens, model.tokens[1:]))
+    # FIFO: per key, queued waiters were granted in queue order.
+    for key in KEYS:
+        assert model.grantOrder[key] == model.queueOrder[key]
+    assert set(model.fate.values()) <= {"granted", "dropped"}
+    assert model.table.waiterCount == 0
+    assert len(model.table) == 0

@@ -1,0 +1,383 @@
+"""
+The client line protocol, bytes in and bytes out, through StringTransport
+with a task.Clock driving leases and waits.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from lockservice.protocol import LockFactory, LockProtocol
+from lockservice.service import STANDBY, LockService
+
+T0 = 1_700_000_000_000_000  # wall clock, microseconds
+
+
+class Wall:
+    def __init__(self) -> None:
+        self.micros = T0
+
+    def __call__(self) -> int:
+        return self.micros
+
+
+class Node:
+    def __init__(self, maxLease: float = 86400.0, maxWait: float = 86400.0) -> None:
+        self.clock = Clock()
+        self.wall = Wall()
+        self.service = LockService(self.clock, self.wall, maxLease, maxWait)
+        self.factory = LockFactory(self.service)
+
+    def connect(self) -> "Conn":
+        return Conn(self)
+
+
+class Conn:
+    def __init__(self, node: Node) -> None:
+        self.proto: LockProtocol = node.factory.buildProtocol(None)  # type: ignore[assignment]
+        self.transport = StringTransport()
+        self.proto.makeConnection(self.transport)
+
+    def send(self, data: bytes) -> None:
+        self.proto.dataReceived(data)
+
+    def take(self) -> bytes:
+        out = self.transport.value()
+        self.transport.clear()
+        return out
+
+    def ask(self, line: bytes) -> bytes:
+        self.send(line + b"\n")
+        return self.take()
+
+    def close(self) -> None:
+        self.proto.connectionLost()
+
+
+@pytest.fixture
+def node() -> Node:
+    return Node()
+
+
+def token(n: int) -> bytes:
+    return str(T0 + n).encode()
+
+
+def test_grant_release_and_stale(node: Node) -> None:
+    c = node.connect()
+    assert c.ask(b"A orders/42 30 5") == b"A orders/42 " + token(0) + b"\n"
+    assert c.ask(b"R orders/42 " + token(0)) == b"R orders/42 OK\n"
+    assert c.ask(b"R orders/42 " + token(0)) == b"R orders/42 STALE\n"
+    assert c.ask(b"R orders/42 0") == b"R orders/42 STALE\n"
+    assert c.ask(b"R never-held 007") == b"R never-held STALE\n"
+
+
+def test_ping(node: Node) -> None:
+    assert node.connect().ask(b"P hello") == b"P hello\n"
+
+
+def test_crlf_accepted_and_empty_lines_ignored(node: Node) -> None:
+    c = node.connect()
+    c.send(b"\n\r\nP x\r\n\n")
+    assert c.take() == b"P x\n"
+
+
+def test_fifo_handover_on_release_with_new_token(node: Node) -> None:
+    a, b, c = node.connect(), node.connect(), node.connect()
+    assert a.ask(b"A k 30 0") == b"A k " + token(0) + b"\n"
+    assert b.ask(b"A k 30 0") == b""
+    assert c.ask(b"A k 30 0") == b""
+    node.wall.micros += 5
+    assert a.ask(b"R k " + token(0)) == b"R k OK\n"
+    assert b.take() == b"A k " + token(5) + b"\n"
+    assert c.take() == b""
+    assert b.ask(b"R k " + token(5)) == b"R k OK\n"
+    assert c.take() == b"A k " + token(6) + b"\n"
+
+
+def test_lease_expiry_hands_to_next_waiter(node: Node) -> None:
+    a, b = node.connect(), node.connect()
+    a.ask(b"A k 2.5 0")
+    b.ask(b"A k 10 0")
+    node.clock.advance(2.4)
+    assert b.take() == b""
+    node.clock.advance(0.1)
+    assert b.take() == b"A k " + token(1) + b"\n"
+    assert a.ask(b"R k " + token(0)) == b"R k STALE\n"
+    # The new holder's lease runs from its grant.
+    node.clock.advance(9.9)
+    assert a.ask(b"A k 1 0") == b""
+    node.clock.advance(0.1)
+    assert a.take() == b"A k " + token(2) + b"\n"
+
+
+def test_expired_lease_frees_key(node: Node) -> None:
+    a = node.connect()
+    a.ask(b"A k 1 0")
+    node.clock.advance(1)
+    assert node.service.table.holder(b"k") is None
+    assert a.ask(b"A k 1 0") == b"A k " + token(1) + b"\n"
+
+
+def test_wait_timeout_answers_T_and_leaves_queue(node: Node) -> None:
+    a, b, c = node.connect(), node.connect(), node.connect()
+    a.ask(b"A k 30 0")
+    assert b.ask(b"A k 30 1.5") == b""
+    c.ask(b"A k 30 0")
+    node.clock.advance(1.5)
+    assert b.take() == b"T k\n"
+    assert a.ask(b"R k " + token(0)) == b"R k OK\n"
+    assert b.take() == b""
+    assert c.take() == b"A k " + token(1) + b"\n"
+    assert node.clock.getDelayedCalls() and len(node.clock.getDelayedCalls()) == 1
+
+
+def test_wait_zero_waits_forever(node: Node) -> None:
+    a, b = node.connect(), node.connect()
+    a.ask(b"A k 100000 0")
+    b.ask(b"A k 5 0")
+    node.clock.advance(99999)
+    assert b.take() == b""
+
+
+def test_waiter_dropped_when_its_connection_closes(node: Node) -> None:
+    a, b, c = node.connect(), node.connect(), node.connect()
+    a.ask(b"A k 30 0")
+    b.ask(b"A k 30 5")
+    c.ask(b"A k 30 0")
+    b.close()
+    assert node.service.table.queueLength(b"k") == 1
+    a.ask(b"R k " + token(0))
+    assert c.take() == b"A k " + token(1) + b"\n"
+    # b's wait timer went with it.
+    assert len(node.clock.getDelayedCalls()) == 1
+
+
+def test_held_lock_outlives_holder_disconnect_until_lease(node: Node) -> None:
+    a, b = node.connect(), node.connect()
+    a.ask(b"A k 3 0")
+    a.close()
+    assert b.ask(b"A k 3 0") == b""
+    node.clock.advance(2.9)
+    assert b.take() == b""
+    node.clock.advance(0.1)
+    assert b.take() == b"A k " + token(1) + b"\n"
+
+
+def test_not_reentrant_on_same_connection(node: Node) -> None:
+    a = node.connect()
+    assert a.ask(b"A k 30 0") == b"A k " + token(0) + b"\n"
+    assert a.ask(b"A k 30 0") == b""
+    assert a.ask(b"R k " + token(0)) == b"R k OK\nA k " + token(1) + b"\n"
+
+
+def test_pipelined_requests_answered_with_echo(node: Node) -> None:
+    a = node.connect()
+    a.send(b"A x 30 0\nA y 30 0\nP w\nR x " + token(0) + b"\nR y 1\n")
+    assert a.take() == (
+        b"A x " + token(0) + b"\nA y " + token(1) + b"\nP w\nR x OK\nR y STALE\n"
+    )
+
+
+def test_equal_pairs_answered_in_send_order_even_when_later_times_out_first(
+    node: Node,
+) -> None:
+    holder, a = node.connect(), node.connect()
+    holder.ask(b"A k 30 0")
+    a.send(b"A k 30 10\nA k 30 1\n")
+    node.clock.advance(1)
+    # The second request timed out but the first is still waiting: held back.
+    assert a.take() == b""
+    assert node.service.table.queueLength(b"k") == 1
+    holder.ask(b"R k " + token(0))
+    assert a.take() == b"A k " + token(1) + b"\nT k\n"
+
+
+def test_timers_follow_the_monotonic_clock_not_the_wall_clock(node: Node) -> None:
+    a, b = node.connect(), node.connect()
+    a.ask(b"A k 10 0")
+    b.ask(b"A k 10 0")
+    node.wall.micros += 3600 * 10**6  # wall clock jumps an hour ahead
+    node.clock.advance(9)
+    assert b.take() == b""
+    node.wall.micros -= 7200 * 10**6  # and two hours back
+    node.clock.advance(1)
+    assert b.take() == b"A k " + token(1) + b"\n"
+
+
+def test_token_stays_above_clock_after_wall_steps_back(node: Node) -> None:
+    a = node.connect()
+    a.ask(b"A a 10 0")
+    node.wall.micros -= 10**9
+    assert a.ask(b"A b 10 0") == b"A b " + token(1) + b"\n"
+
+
+def test_stop_service_cancels_every_timer(node: Node) -> None:
+    a, b = node.connect(), node.connect()
+    a.ask(b"A k 10 0")
+    b.ask(b"A k 10 5")
+    node.service.startService()
+    node.service.stopService()
+    assert node.clock.getDelayedCalls() == []
+
+
+def test_standby_redirects(node: Node) -> None:
+    c = node.connect()
+    node.service.setRole(STANDBY, b"127.0.0.1:7702")
+    assert c.ask(b"A k 30 0") == b"M A k 127.0.0.1:7702\n"
+    assert c.ask(b"R k 5") == b"M R k 127.0.0.1:7702\n"
+    assert c.ask(b"P k") == b"P k\n"
+    assert c.ask(b"A k x 0") == b"E A k bad lease: seconds, 0 < lease <= 86400, digits only\n"
+    node.service.setRole(STANDBY, None)
+    assert c.ask(b"A k 30 0") == b"M A k *\n"
+
+
+def test_demotion_redirects_queued_waiters(node: Node) -> None:
+    a, b = node.connect(), node.connect()
+    a.ask(b"A k 30 0")
+    b.ask(b"A k 30 9")
+    node.service.setRole(STANDBY, b"h:1")
+    assert b.take() == b"M A k h:1\n"
+    assert node.clock.getDelayedCalls() == []
+
+
+# -- bad input --------------------------------------------------------------
+
+LONG_KEY = b"k" * 250
+BAD_REQUESTS: List[bytes] = [
+    b"X k 1 1",
+    b"a k 1 1",
+    b"A",
+    b"A k",
+    b"A k 30",
+    b"A k 30 0 extra",
+    b" A k 30 0",
+    b"A k 30 0 ",
+    b"A  k 30 0",
+    b"A k  30 0",
+    b"A k 0 0",
+    b"A k 0.0 0",
+    b"A k -1 0",
+    b"A k +5 0",
+    b"A k 1e3 0",
+    b"A k 1_0 0",
+    b"A k inf 0",
+    b"A k nan 0",
+    b"A k .5 0",
+    b"A k 5. 0",
+    "A k \uff15 0".encode(),
+    b"A k 86400.001 0",
+    b"A k 86401 0",
+    b"A k 30 86400.0000001",
+    b"A k 30 -0",
+    b"A k 30 x",
+    b"A " + b"k" * 251 + b" 30 0",
+    b"A k\x01 30 0",
+    b"A k\x7f 30 0",
+    "A k\u0085 30 0".encode(),
+    b"A \xff\xfe 30 0",
+    b"A \xed\xa0\x80 30 0",
+    b"A k\t 30 0",
+    b"R k",
+    b"R k x",
+    b"R k -1",
+    b"R k 18446744073709551616",
+    b"R k 1.0",
+    b"R k 1 2",
+    b"P",
+    b"P a b",
+    b"P \x01",
+    b"HELLO 1 a:1 n",
+]
+
+
+@pytest.mark.parametrize("line", BAD_REQUESTS)
+def test_bad_request_answered_E_and_connection_stays_usable(node: Node, line: bytes) -> None:
+    c = node.connect()
+    answer = c.ask(line)
+    assert answer.startswith(b"E ") and answer.endswith(b"\n")
+    assert answer.count(b"\n") == 1
+    assert not c.transport.disconnecting
+    assert c.ask(b"P alive") == b"P alive\n"
+    assert node.service.table.holder(b"k") is None
+
+
+@pytest.mark.parametrize(
+    "line, echo",
+    [
+        (b"X k 1 1", b"E * k "),
+        (b"A", b"E A * "),
+        (b"A k 30", b"E A k "),
+        (b"A k\x01 30 0", b"E A * "),
+        (b"R k x", b"E R k "),
+        (b"P", b"E P * "),
+        (b"A \xff 30 0", b"E A * "),
+        (b"Z \xff", b"E * * "),
+    ],
+)
+def test_bad_request_echoes_op_and_key_or_star(node: Node, line: bytes, echo: bytes) -> None:
+    assert node.connect().ask(line).startswith(echo)
+
+
+def test_exact_error_message_for_wrong_arity(node: Node) -> None:
+    assert node.connect().ask(b"A k 30") == b"E A k expected: A <key> <lease> <wait>\n"
+
+
+@pytest.mark.parametrize(
+    "line, answer",
+    [
+        (b"A " + LONG_KEY + b" 86400 86400", b"A " + LONG_KEY + b" " + token(0) + b"\n"),
+        (b"A k 0.000001 0", b"A k " + token(0) + b"\n"),
+        (b"A k 86400.000 0", b"A k " + token(0) + b"\n"),
+        (b"A \xc3\xa9t\xc3\xa9 1 0", "A \u00e9t\u00e9 ".encode() + token(0) + b"\n"),
+        (b"R k 18446744073709551615", b"R k STALE\n"),
+        (b"R k 0000000000000000000000000000018446744073709551615", b"R k STALE\n"),
+        (b"P " + LONG_KEY, b"P " + LONG_KEY + b"\n"),
+    ],
+)
+def test_edge_values_are_valid(node: Node, line: bytes, answer: bytes) -> None:
+    assert node.connect().ask(line) == answer
+
+
+def test_limits_follow_max_lease_and_max_wait() -> None:
+    node = Node(maxLease=60, maxWait=10)
+    c = node.connect()
+    assert c.ask(b"A k 61 0").startswith(b"E A k bad lease")
+    assert c.ask(b"A k 30 11").startswith(b"E A k bad wait")
+    assert c.ask(b"A k 60 10") == b"A k " + token(0) + b"\n"
+
+
+def test_line_too_long_closes_connection(node: Node) -> None:
+    c = node.connect()
+    c.send(b"P " + b"x" * 4095 + b"\n")
+    assert c.take() == b"E * * line too long\n"
+    assert c.transport.disconnecting
+
+
+def test_line_of_exactly_4096_bytes_is_read(node: Node) -> None:
+    c = node.connect()
+    c.send(b"P " + b"x" * 4094 + b"\r\n")
+    assert c.take().startswith(b"E P * bad word")
+    assert not c.transport.disconnecting
+
+
+def test_4097_bytes_without_newline_closes_at_once(node: Node) -> None:
+    c = node.connect()
+    c.send(b"x" * 4096)
+    assert c.take() == b""
+    c.send(b"x")
+    assert c.take() == b"E * * line too long\n"
+    assert c.transport.disconnecting
+
+
+def test_waiting_request_dropped_when_line_too_long_closes(node: Node) -> None:
+    a, b = node.connect(), node.connect()
+    a.ask(b"A k 30 0")
+    b.send(b"A k 30 0\n" + b"x" * 5000)
+    assert b.take() == b"E * * line too long\n"
+    b.close()
+    assert node.service.table.queueLength(b"k") == 0
