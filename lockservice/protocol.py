@@ -140,7 +140,7 @@ class LockFactory(Factory):
     Builds client connections for one L{LockService}.
     """
 
-    protocol = LockProtocol
+    protocol = LockProtocol  # type: ignore[assignment]
     noisy = False
 
     def __init__(self, service: LockService, cluster: "Optional[Cluster]" = None) -> None:

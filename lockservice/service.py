@@ -10,7 +10,7 @@ decided by the cluster layer through L{LockService.setRole}.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, cast
 
 from twisted.application.service import Service
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -108,7 +108,7 @@ class LockService(Service):
         self.activeAddress = activeAddress
         if wasActive and role != ACTIVE:
             self._cancelLeaseTimers()
-            for waiter in self.table.takeWaiters():
+            for waiter in self._takeWaiters():
                 self._cancelWaitTimer(waiter)
                 self.stats.redirects += 1
                 waiter.conn.finish(waiter, wire.redirect(b"A", waiter.key, activeAddress))
@@ -219,6 +219,9 @@ class LockService(Service):
             timer.cancel()
         self._leaseTimers.clear()
 
+    def _takeWaiters(self) -> List[PendingAcquire]:
+        return cast(List[PendingAcquire], self.table.takeWaiters())
+
     def _cancelWaitTimer(self, waiter: PendingAcquire) -> None:
         if waiter.timer is not None:
             waiter.timer.cancel()
@@ -259,5 +262,5 @@ class LockService(Service):
     def stopService(self) -> None:
         super().stopService()
         self._cancelLeaseTimers()
-        for waiter in self.table.takeWaiters():
+        for waiter in self._takeWaiters():
             self._cancelWaitTimer(waiter)

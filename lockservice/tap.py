@@ -24,7 +24,9 @@ def _seconds(name: str, positive: bool = True):  # type: ignore[no-untyped-def]
         try:
             value = float(text)
         except ValueError:
-            raise usage.UsageError(f"--{name} must be a number of seconds, not {text!r}")
+            raise usage.UsageError(
+                f"--{name} must be a number of seconds, not {text!r}"
+            ) from None
         if not (value > 0 if positive else value >= 0) or value != value or value == float("inf"):
             raise usage.UsageError(f"--{name} must be a positive number of seconds")
         return value
@@ -86,7 +88,9 @@ class Options(usage.Options):
                 with open(self["secret"], "rb") as f:
                     self["secretBytes"] = f.read().strip()
             except OSError as e:
-                raise usage.UsageError(f"cannot read --secret {self['secret']}: {e.strerror}")
+                raise usage.UsageError(
+                    f"cannot read --secret {self['secret']}: {e.strerror}"
+                ) from None
             if not self["secretBytes"]:
                 raise usage.UsageError(f"--secret {self['secret']} is empty")
         else:

@@ -18,7 +18,9 @@ def spawn(tmp_path) -> Iterator[Callable[..., Node]]:  # type: ignore[no-untyped
     """
     started: List[Node] = []
 
-    def start(port: int = 0, args: List[str] = [], wait: bool = True) -> Node:
+    def start(port: int = 0, args: List[str] = None, wait: bool = True) -> Node:
+        if args is None:
+            args = []
         node = Node(port or freePort(), args=args, logDir=str(tmp_path))
         started.append(node)
         return node.start(wait=wait)
@@ -32,7 +34,9 @@ def spawn(tmp_path) -> Iterator[Callable[..., Node]]:  # type: ignore[no-untyped
 def cluster(tmp_path) -> Iterator[Callable[..., Cluster]]:  # type: ignore[no-untyped-def]
     made: List[Cluster] = []
 
-    def make(size: int, args: List[str] = [], start: bool = True) -> Cluster:
+    def make(size: int, args: List[str] = None, start: bool = True) -> Cluster:
+        if args is None:
+            args = []
         c = Cluster(size, args=args, logDir=str(tmp_path))
         made.append(c)
         return c.start() if start else c
