@@ -1,0 +1,423 @@
+"""
+The client library, deterministic: fake endpoints hand out StringTransport
+connections the test controls, and task.Clock drives retries.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import pytest
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.error import ConnectionRefusedError, ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+
+from lockservice.client import (
+    Lock,
+    LockClient,
+    LockRejected,
+    LockTimeout,
+    NoConnection,
+    ReleaseFailed,
+    connect,
+)
+
+
+class FakeServerSide:
+    """
+    The far end of one fake connection: what the client wrote, and a way
+    to answer or drop.
+    """
+
+    def __init__(self, address: str, protocol) -> None:  # type: ignore[no-untyped-def]
+        self.address = address
+        self.protocol = protocol
+        self.transport = StringTransport()
+        protocol.makeConnection(self.transport)
+
+    def sent(self) -> List[bytes]:
+        data = self.transport.value()
+        self.transport.clear()
+        return [line for line in data.split(b"\n") if line]
+
+    def answer(self, line: bytes) -> None:
+        self.protocol.dataReceived(line + b"\n")
+
+    def drop(self) -> None:
+        self.protocol.connectionLost(Failure(ConnectionDone()))
+
+    @property
+    def closedByClient(self) -> bool:
+        return bool(self.transport.disconnecting)
+
+
+class Network:
+    """
+    Decides, per address, whether connection attempts succeed.
+    """
+
+    def __init__(self) -> None:
+        self.down: Dict[str, bool] = {}
+        self.attempts: List[str] = []
+        self.connections: List[FakeServerSide] = []
+
+    def endpointFor(self, address):  # type: ignore[no-untyped-def]
+        network = self
+
+        class Endpoint:
+            def connect(self, factory):  # type: ignore[no-untyped-def]
+                network.attempts.append(address)
+                if network.down.get(address):
+                    return fail(ConnectionRefusedError(address))
+                protocol = factory.buildProtocol(None)
+                network.connections.append(FakeServerSide(address, protocol))
+                return succeed(protocol)
+
+        return Endpoint()
+
+    def live(self, address: Optional[str] = None) -> List[FakeServerSide]:
+        return [
+            c for c in self.connections
+            if not c.closedByClient and c.protocol.transport is not None
+            and (address is None or c.address == address)
+            and c.protocol in [s.protocol for s in self._client.slots]
+        ]
+
+    _client: LockClient
+
+
+def makeClient(addresses: List[str], down: Optional[List[str]] = None):  # type: ignore[no-untyped-def]
+    clock = Clock()
+    net = Network()
+    for a in down or []:
+        net.down[a] = True
+    client = connect(clock, addresses, endpointFor=net.endpointFor)
+    net._client = client
+    return clock, net, client
+
+
+def result(d: Deferred):  # type: ignore[no-untyped-def, type-arg]
+    out: list = []  # type: ignore[type-arg]
+    d.addBoth(out.append)
+    assert out, "Deferred has not fired"
+    if isinstance(out[0], Failure):
+        out[0].raiseException()
+    return out[0]
+
+
+def failureOf(d: Deferred) -> Failure:  # type: ignore[type-arg]
+    out: list = []  # type: ignore[type-arg]
+    d.addBoth(out.append)
+    assert out and isinstance(out[0], Failure), f"expected a failure, got {out}"
+    return out[0]
+
+
+def test_single_address_gets_two_connections() -> None:
+    clock, net, client = makeClient(["h:1"])
+    assert net.attempts == ["h:1", "h:1"]
+    assert len(client.slots) == 2 and all(s.up for s in client.slots)
+
+
+def test_several_addresses_one_connection_each() -> None:
+    clock, net, client = makeClient(["a:1", "b:2", "c:3"])
+    assert net.attempts == ["a:1", "b:2", "c:3"]
+
+
+def test_acquire_and_release() -> None:
+    clock, net, client = makeClient(["h:1"])
+    d = client.acquire("k", 30, 5)
+    conn = next(c for c in net.connections if c.transport.value())
+    assert conn.sent() == [b"A k 30 5"]
+    conn.answer(b"A k 123")
+    lock = result(d)
+    assert (lock.key, lock.token) == ("k", 123)
+    r = client.release(lock)
+    sent = [(c, c.sent()) for c in net.connections]
+    carrier, lines = next((c, s) for c, s in sent if s)
+    assert lines == [b"R k 123"]
+    carrier.answer(b"R k OK")
+    assert result(r) is True
+
+
+def test_release_stale_is_false() -> None:
+    clock, net, client = makeClient(["h:1"])
+    r = client.release(Lock("k", 5))
+    carrier = next(c for c in net.connections if c.transport.value())
+    carrier.answer(b"R k STALE")
+    assert result(r) is False
+
+
+def test_round_robin_over_connections() -> None:
+    clock, net, client = makeClient(["a:1", "b:2", "c:3"])
+    for i in range(6):
+        client.acquire(f"k{i}", 1, 0)
+    counts = {c.address: len(c.sent()) for c in net.connections}
+    assert counts == {"a:1": 2, "b:2": 2, "c:3": 2}
+
+
+def test_down_connection_is_skipped_and_retried_every_3s() -> None:
+    clock, net, client = makeClient(["a:1", "b:2"], down=["b:2"])
+    for i in range(4):
+        client.acquire(f"k{i}", 1, 0)
+    live = [c for c in net.connections if c.address == "a:1"]
+    assert len(live) == 1 and len(live[0].sent()) == 4
+    assert net.attempts == ["a:1", "b:2"]
+    clock.advance(2.9)
+    assert net.attempts == ["a:1", "b:2"]
+    clock.advance(0.1)
+    assert net.attempts == ["a:1", "b:2", "b:2"]
+    clock.advance(3)
+    assert net.attempts.count("b:2") == 3
+    net.down["b:2"] = False
+    clock.advance(3)
+    assert client.slots[1].up
+    client.acquire("x", 1, 0)
+    client.acquire("y", 1, 0)
+    assert sum(len(c.sent()) for c in net.connections) == 2
+
+
+def test_dropped_connection_reconnects_at_once_then_every_3s() -> None:
+    clock, net, client = makeClient(["a:1", "b:2"])
+    a = net.connections[0]
+    net.down["a:1"] = True
+    a.drop()
+    clock.advance(0)
+    assert net.attempts == ["a:1", "b:2", "a:1"]
+    clock.advance(3)
+    assert net.attempts == ["a:1", "b:2", "a:1", "a:1"]
+
+
+def test_pipelined_answers_paired_by_op_and_key_in_send_order() -> None:
+    clock, net, client = makeClient(["a:1", "b:2"])
+    client.slots[1].protocol.transport.loseConnection()  # type: ignore[union-attr]
+    net.down["b:2"] = True
+    client.slots[1].protocol.connectionLost(Failure(ConnectionDone()))  # type: ignore[union-attr]
+    conn = net.connections[0]
+    d1 = client.acquire("k", 30, 0)
+    d2 = client.acquire("k", 30, 0)
+    d3 = client.acquire("other", 30, 0)
+    assert conn.sent() == [b"A k 30 0", b"A k 30 0", b"A other 30 0"]
+    conn.answer(b"A other 7")
+    conn.answer(b"A k 5")
+    conn.answer(b"T k")
+    assert result(d3).token == 7
+    assert result(d1).token == 5
+    with pytest.raises(LockTimeout):
+        result(d2)
+
+
+def test_error_answer_is_a_rejection_with_message() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.acquire("k", 99999999, 0)
+    carrier = next(c for c in net.connections if c.transport.value())
+    carrier.sent()
+    carrier.answer(b"E A k bad lease: seconds, 0 < lease <= 86400, digits only")
+    f = failureOf(d)
+    assert f.check(LockRejected)
+    assert "bad lease" in f.value.message
+
+
+def test_invalid_key_is_refused_before_sending() -> None:
+    clock, net, client = makeClient(["a:1"])
+    with pytest.raises(ValueError):
+        client.acquire("has space", 1, 0)
+    with pytest.raises(ValueError):
+        client.acquire("x" * 251, 1, 0)
+
+
+def test_drop_during_acquire_moves_to_next_connection() -> None:
+    clock, net, client = makeClient(["a:1", "b:2"])
+    d = client.acquire("k", 30, 0)
+    first = next(c for c in net.connections if c.transport.value())
+    first.sent()
+    net.down[first.address] = True
+    first.drop()
+    other = next(c for c in net.connections if c is not first and c.transport.value())
+    assert other.sent() == [b"A k 30 0"]
+    other.answer(b"A k 9")
+    assert result(d).token == 9
+
+
+def test_error_only_after_as_many_drops_as_connections() -> None:
+    clock, net, client = makeClient(["a:1", "b:2", "c:3"])
+    for a in ["a:1", "b:2", "c:3"]:
+        net.down[a] = True
+    d = client.acquire("k", 30, 0)
+    for attempt in range(3):
+        carrier = next(
+            c for c in net.connections if c.transport.value() and not c.closedByClient
+        )
+        carrier.sent()
+        if attempt < 2:
+            assert not d.called
+        carrier.drop()
+        carrier.transport.loseConnection()
+    assert failureOf(d).check(NoConnection)
+
+
+def test_redirect_switches_connection_and_resends() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.acquire("k", 30, 0)
+    standby = next(c for c in net.connections if c.transport.value())
+    standby.sent()
+    standby.answer(b"M A k act:9")
+    assert standby.closedByClient
+    standby.drop()
+    clock.advance(0)
+    active = net.connections[-1]
+    assert active.address == "act:9"
+    assert active.sent() == [b"A k 30 0"]
+    active.answer(b"A k 11")
+    assert result(d).token == 11
+
+
+def test_redirected_slot_goes_home_when_active_is_lost() -> None:
+    clock, net, client = makeClient(["a:1", "b:2"])
+    d = client.acquire("k", 30, 0)
+    standby = next(c for c in net.connections if c.transport.value())
+    standby.sent()
+    standby.answer(b"M A k act:9")
+    standby.drop()
+    clock.advance(0)
+    active = net.connections[-1]
+    active.answer(b"A k 11")
+    result(d)
+    net.down["act:9"] = True
+    active.drop()
+    clock.advance(0)
+    assert net.attempts[-1] == standby.address
+
+
+def test_redirect_to_unknown_active_retries_shortly() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.acquire("k", 30, 0)
+    conn = next(c for c in net.connections if c.transport.value())
+    conn.sent()
+    conn.answer(b"M A k *")
+    assert not d.called
+    clock.advance(0.1)
+    carrier = next(c for c in net.connections if c.transport.value())
+    assert carrier.sent() == [b"A k 30 0"]
+    carrier.answer(b"A k 3")
+    assert result(d).token == 3
+
+
+def test_release_retried_every_200ms_across_drops() -> None:
+    clock, net, client = makeClient(["a:1"])
+    for c in list(net.connections):
+        net.down["a:1"] = True
+        c.drop()
+    r = client.release(Lock("k", 42))
+    assert not r.called
+    clock.advance(0.2)
+    assert not r.called
+    net.down["a:1"] = False
+    clock.advance(3)  # background reconnect
+    clock.advance(0.2)
+    carrier = next(c for c in net.connections if c.transport.value())
+    assert carrier.sent() == [b"R k 42"]
+    carrier.answer(b"R k OK")
+    assert result(r) is True
+
+
+def test_release_gives_up_after_5s() -> None:
+    clock, net, client = makeClient(["a:1"])
+    for c in list(net.connections):
+        net.down["a:1"] = True
+        c.drop()
+    r = client.release(Lock("k", 42))
+    for _ in range(30):
+        clock.advance(0.2)
+    assert failureOf(r).check(ReleaseFailed)
+
+
+def test_cancelled_acquire_releases_a_late_grant() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.acquire("k", 30, 0)
+    carrier = next(c for c in net.connections if c.transport.value())
+    carrier.sent()
+    d.cancel()
+    assert failureOf(d).check(CancelledError)
+    carrier.answer(b"A k 77")
+    lines = [line for c in net.connections for line in c.sent()]
+    assert lines == [b"R k 77"]
+
+
+def test_cancelled_acquire_that_times_out_sends_nothing() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.acquire("k", 30, 1)
+    carrier = next(c for c in net.connections if c.transport.value())
+    carrier.sent()
+    d.cancel()
+    carrier.answer(b"T k")
+    assert [line for c in net.connections for line in c.sent()] == []
+
+
+def test_locked_helper_releases_when_function_fails() -> None:
+    clock, net, client = makeClient(["a:1"])
+
+    def boom(lock: Lock) -> None:
+        raise RuntimeError("inside")
+
+    d = client.locked("k", 30, 0, boom)
+    carrier = next(c for c in net.connections if c.transport.value())
+    carrier.sent()
+    carrier.answer(b"A k 5")
+    releaser = next(c for c in net.connections if c.transport.value())
+    assert releaser.sent() == [b"R k 5"]
+    releaser.answer(b"R k OK")
+    assert failureOf(d).check(RuntimeError)
+
+
+def test_async_with_releases_on_success() -> None:
+    clock, net, client = makeClient(["a:1"])
+    seen: List[int] = []
+
+    async def work() -> str:
+        async with client.lock("k", 30, 0) as lock:
+            seen.append(lock.token)
+            return "done"
+
+    d = Deferred.fromCoroutine(work())
+    carrier = next(c for c in net.connections if c.transport.value())
+    carrier.sent()
+    carrier.answer(b"A k 8")
+    releaser = next(c for c in net.connections if c.transport.value())
+    assert releaser.sent() == [b"R k 8"]
+    releaser.answer(b"R k OK")
+    assert result(d) == "done" and seen == [8]
+
+
+def test_async_with_cancelled_inside_block_releases() -> None:
+    clock, net, client = makeClient(["a:1"])
+    blocker: Deferred[None] = Deferred()
+
+    async def work() -> None:
+        async with client.lock("k", 30, 0):
+            await blocker
+
+    d = Deferred.fromCoroutine(work())
+    carrier = next(c for c in net.connections if c.transport.value())
+    carrier.sent()
+    carrier.answer(b"A k 8")
+    d.cancel()
+    releaser = next(c for c in net.connections if c.transport.value())
+    assert releaser.sent() == [b"R k 8"]
+    releaser.answer(b"R k OK")
+    assert failureOf(d).check(CancelledError)
+
+
+def test_close_stops_reconnecting_and_leaves_no_timers() -> None:
+    clock, net, client = makeClient(["a:1", "b:2"], down=["b:2"])
+    client.whenConnected()
+    d = client.close()
+    for c in net.connections:
+        assert c.closedByClient
+        c.drop()
+    assert d.called
+    assert clock.getDelayedCalls() == []
+    before = len(net.attempts)
+    clock.advance(10)
+    assert len(net.attempts) == before
