@@ -245,3 +245,41 @@ class Cluster:
 
     def addresses(self) -> List[str]:
         return [n.address for n in self.nodes]
+
+
+PROBE = b"R __lockservice_probe__ 0"
+
+
+def probeRole(port: int, timeout: float = 2.0) -> Optional[str]:
+    """
+    What a node says to a harmless request: C{"active"} (it serves),
+    C{"M <addr>"} (a redirect), or None when it cannot be reached.
+    """
+    try:
+        with LineClient(port, timeout=timeout) as c:
+            answer = c.ask(PROBE)
+    except OSError:
+        return None
+    if answer.startswith(b"R "):
+        return "active"
+    if answer.startswith(b"M "):
+        return "M " + answer.split(b" ")[3].decode()
+    return None
+
+
+def waitFor(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """
+    Poll C{predicate} until it returns something truthy; return that.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout}s")
+        time.sleep(interval)
+
+
+def activeNodes(nodes: Sequence[Node]) -> List[Node]:
+    return [n for n in nodes if n.alive() and probeRole(n.port) == "active"]

@@ -22,11 +22,7 @@ from lockservice.core import Grant, LockTable, TokenExhausted, TokenIssuer, Wait
 if TYPE_CHECKING:
     from lockservice.protocol import LockProtocol
 
-ACTIVE = "active"
-STANDBY = "standby"
-SYNCING = "syncing"
-HANDING_OFF = "handing-off"
-LEAVING = "leaving"
+from lockservice.election import ACTIVE, HANDING_OFF, LEAVING, STANDBY, SYNCING  # noqa: F401
 
 
 class PendingAcquire(Waiter):
@@ -100,20 +96,26 @@ class LockService(Service):
 
     def setRole(self, role: str, activeAddress: Optional[bytes]) -> None:
         """
-        Change what this node does with requests.  A node that stops being
-        active redirects its queued waiters, which then move to the active.
+        Change what this node does with requests.
+
+        Only an active node grants, releases and runs lease timers.  While
+        handing off, the node is frozen: new requests are answered
+        C{M ... *}, queued waiters stay queued until the successor has taken
+        over.  In any other role queued waiters are redirected to
+        C{activeAddress}, and they move there.
         """
         wasActive = self.role == ACTIVE
         self.role = role
         self.activeAddress = activeAddress
         if wasActive and role != ACTIVE:
             self._cancelLeaseTimers()
+        if role == ACTIVE and not wasActive:
+            self._armAllLeases()
+        if role not in (ACTIVE, HANDING_OFF):
             for waiter in self._takeWaiters():
                 self._cancelWaitTimer(waiter)
                 self.stats.redirects += 1
                 waiter.conn.finish(waiter, wire.redirect(b"A", waiter.key, activeAddress))
-        elif role == ACTIVE and not wasActive:
-            self._armAllLeases()
 
     # -- requests from connections ---------------------------------------
 

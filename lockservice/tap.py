@@ -5,16 +5,20 @@ C{twistd lockservice}: command-line options and the service tree.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 
 from lockservice.clock import useMonotonicTime, wallMicros
 from lockservice.protocol import LockFactory
 from lockservice.service import LockService
+
+if TYPE_CHECKING:
+    from lockservice.cluster import Cluster
 
 DEFAULT_PORT = 7700
 
@@ -129,11 +133,28 @@ def _endpointPort(description: str) -> Optional[int]:
     return None
 
 
+class NodeService(MultiService):
+    """
+    The node's service tree.  On stop, the cluster hands off first (while
+    the listener and the lock table still serve), then everything stops.
+    """
+
+    cluster: Optional["Cluster"] = None
+
+    def stopService(self) -> "Deferred[None]":
+        async def stop() -> None:
+            if self.cluster is not None:
+                await self.cluster.gracefulStop()
+            await super(NodeService, self).stopService()
+
+        return Deferred.fromCoroutine(stop())
+
+
 def makeService(config: Options) -> IService:
     from twisted.internet import reactor
 
     useMonotonicTime(reactor)
-    root = MultiService()
+    root = NodeService()
     locks = LockService(
         reactor, wallMicros, maxLease=config["max-lease"], maxWait=config["max-wait"]  # type: ignore[arg-type]
     )
@@ -152,6 +173,7 @@ def makeService(config: Options) -> IService:
             peerTimeout=config["peer-timeout"],
         )
         cluster.setServiceParent(root)
+        root.cluster = cluster
     factory = LockFactory(locks, cluster)
     listener = StreamServerEndpointService(serverFromString(reactor, config["listen"]), factory)
     # A port that cannot be bound must stop twistd, not leave a deaf node.

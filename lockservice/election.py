@@ -1,0 +1,111 @@
+# -*- test-case-name: tests.test_election -*-
+"""
+Who should be active: a pure decision over what this node knows of its
+peers.  No quorum: among live nodes, priority (the position in --peers,
+lower index first) decides, and terms order the claims.
+
+The cluster service calls L{decide} whenever something changes (a
+heartbeat, a lost link, a timer) and carries out the action it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+ACTIVE = "active"
+HANDING_OFF = "handing-off"
+STANDBY = "standby"
+SYNCING = "syncing"
+LEAVING = "leaving"
+
+ROLES = (ACTIVE, HANDING_OFF, STANDBY, SYNCING, LEAVING)
+
+
+@dataclass
+class PeerView:
+    """
+    The latest heartbeat of a peer, and whether it is alive right now.
+    """
+
+    role: str = SYNCING
+    term: int = 0
+    leader: Optional[int] = None
+    alive: bool = False
+
+
+@dataclass
+class SelfView:
+    role: str
+    term: int
+    leader: Optional[int]
+    startupGraceOver: bool
+
+
+@dataclass(frozen=True)
+class Action:
+    """
+    C{kind} is one of: promote, step-down, follow, bump-term, hand-off.
+    C{peer} is the peer concerned; C{term} the new term where one is set.
+    """
+
+    kind: str
+    peer: Optional[int] = None
+    term: Optional[int] = None
+
+
+def _serving(view: PeerView) -> bool:
+    return view.alive and view.role in (ACTIVE, HANDING_OFF)
+
+
+def decide(me: int, state: SelfView, peers: Dict[int, PeerView]) -> Optional[Action]:
+    """
+    The one thing this node should do now, or None.
+
+    @param me: this node's index in the priority list (0 is highest).
+    @param peers: every other node, by index.
+    """
+    if state.role in (HANDING_OFF, LEAVING):
+        return None  # in transit: the handoff itself decides what comes next
+    serving = sorted(j for j, v in peers.items() if _serving(v))
+    if state.role == ACTIVE:
+        claims = [j for j in serving if peers[j].role == ACTIVE]
+        higher = [j for j in claims if j < me]
+        if higher:
+            j = higher[0]
+            if peers[j].term >= state.term:
+                return Action("step-down", j)
+            # A lower term from a higher-priority node is either a stale
+            # heartbeat from before a handoff, or a node that has not yet
+            # seen our term: it bumps its own term when it does.
+        lower = [j for j in claims if j > me]
+        if lower:
+            top = max(peers[j].term for j in lower)
+            if top >= state.term:
+                # Split brain and we have priority: out-rank the other side.
+                return Action("bump-term", term=top + 1)
+        synced = [
+            j for j, v in peers.items()
+            if j < me and v.alive and v.role == STANDBY and v.leader == me
+        ]
+        if synced:
+            return Action("hand-off", min(synced))
+        return None
+    # Standby or syncing: follow whoever serves, by priority.
+    if serving:
+        leader = serving[0]
+        if state.leader != leader:
+            return Action("follow", leader)
+        return None
+    stateful = [j for j, v in peers.items() if v.alive and v.role == STANDBY]
+    if state.role == STANDBY:
+        if not any(j < me for j in stateful):
+            return Action("promote")
+        return None
+    # Syncing: we hold no state. Take over only when nobody alive has any,
+    # after giving the peers time to be heard from.
+    if not state.startupGraceOver or stateful:
+        return None
+    if any(j < me and v.alive and v.role == SYNCING for j, v in peers.items()):
+        return None
+    return Action("promote")
