@@ -102,3 +102,30 @@ def test_documented_example_runs_against_a_local_node(spawn) -> None:  # type: i
     )
     assert out.returncode == 0, out.stderr.decode()
     assert b"counter = 100 (expected 100)" in out.stdout
+
+
+@pytest.mark.slow
+@pytest_twisted.ensureDeferred
+async def test_client_follows_redirects_and_survives_failover(cluster) -> None:  # type: ignore[no-untyped-def]
+    from lockservice.harness import activeNodes, waitFor
+
+    c = cluster(3)
+    first, second, third = c.nodes
+    await deferLater(reactor, 0, lambda: None)
+    waitFor(lambda: [n.port for n in activeNodes(c.nodes)] == [first.port], 10,
+            what="node0 active")
+    # Only standbys listed first: the client must follow M to the active.
+    client = connect(reactor, [third.address, second.address, first.address])
+    try:
+        await client.whenConnected()
+        locks = [await client.acquire(f"k{i}", 30, 5) for i in range(6)]
+        first.kill()
+        await sleep(0.2)
+        after = await client.acquire("after-failover", 30, 10)
+        assert after.token > max(lock.token for lock in locks)
+        # Locks granted before the failover are still held on the successor.
+        with pytest.raises(LockTimeout):
+            await client.acquire("k0", 30, 0.3)
+        assert await client.release(locks[0]) is True
+    finally:
+        await client.close()

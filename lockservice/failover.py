@@ -1,0 +1,137 @@
+"""
+Measure the cluster's timing targets with real processes and signals:
+
+    python -m lockservice.failover --trials 10 [--nodes 3] [--json]
+
+For each trial: the failover gap after C{kill -9} of the active (signal to
+the first grant on the successor), the rejoin time of the restarted node
+(start to it being active again, state intact), the handoff gap after
+SIGINT of the active (signal to the first grant on the successor), the
+failover gap when the active is paused with SIGSTOP (no connection closes:
+the peer timeout must notice), and the time from SIGCONT until the
+lower-priority node has stepped down again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import time
+from typing import Dict, List
+
+from lockservice.harness import Cluster, LineClient, Node, probeRole, waitFor
+
+
+def firstGrantAfter(node: Node, started: float, key: bytes, timeout: float = 20.0) -> float:
+    """
+    Poll C{node} with acquires until one is granted; seconds since C{started}.
+    """
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        try:
+            with LineClient(node.port, timeout=1) as c:
+                while time.monotonic() < deadline:
+                    answer = c.ask(b"A " + key + b" 5 0.5", timeout=2)
+                    if answer.startswith(b"A "):
+                        elapsed = time.monotonic() - started
+                        c.ask(b"R " + key + b" " + answer.split()[2])
+                        return elapsed
+                    time.sleep(0.002)
+        except OSError:
+            time.sleep(0.002)
+    raise TimeoutError(f"no grant from {node.name} within {timeout}s")
+
+
+def summary(values: List[float]) -> Dict[str, float]:
+    return {
+        "p50_ms": round(statistics.median(values) * 1000, 1),
+        "max_ms": round(max(values) * 1000, 1),
+        "min_ms": round(min(values) * 1000, 1),
+        "n": len(values),
+    }
+
+
+def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # type: ignore[no-untyped-def]
+    cluster = Cluster(nodes).start()
+    first, second = cluster.nodes[0], cluster.nodes[1]
+    failover: List[float] = []
+    rejoin: List[float] = []
+    handoff: List[float] = []
+    paused: List[float] = []
+    healed: List[float] = []
+    try:
+        waitFor(lambda: probeRole(first.port) == "active", 15, what="node0 active")
+        for trial in range(trials):
+            with LineClient(first.port) as c:
+                held = c.ask(b"A held/%d 60 1" % trial)
+            assert held.startswith(b"A "), held
+            time.sleep(0.05)
+            killed = time.monotonic()
+            first.kill()
+            failover.append(firstGrantAfter(second, killed, b"gap/%d" % trial))
+            restarted = time.monotonic()
+            first.start(wait=False)
+            waitFor(lambda: probeRole(first.port, timeout=1) == "active", 20, interval=0.01,
+                    what="node0 active again")
+            rejoin.append(time.monotonic() - restarted)
+            with LineClient(first.port) as c:
+                kept = c.ask(b"R held/%d %s" % (trial, held.split()[2]))
+            assert kept.endswith(b" OK"), f"held lock lost across rejoin: {kept!r}"
+
+            interrupted = time.monotonic()
+            first.signal(signal.SIGINT)
+            handoff.append(firstGrantAfter(second, interrupted, b"handoff/%d" % trial))
+            assert first.process is not None
+            first.process.wait(15)
+            first.start(wait=False)
+            waitFor(lambda: probeRole(first.port, timeout=1) == "active", 20, interval=0.01,
+                    what="node0 active again")
+
+            stopped = time.monotonic()
+            first.signal(signal.SIGSTOP)
+            try:
+                paused.append(firstGrantAfter(second, stopped, b"paused/%d" % trial))
+            finally:
+                first.signal(signal.SIGCONT)
+            resumed = time.monotonic()
+            waitFor(lambda: probeRole(second.port, timeout=1) == "M " + first.address, 20,
+                    interval=0.01, what="node1 steps down")
+            healed.append(time.monotonic() - resumed)
+            waitFor(lambda: probeRole(first.port, timeout=1) == "active", 20, interval=0.01,
+                    what="node0 active after split brain")
+            log(f"trial {trial + 1}/{trials}: failover {failover[-1] * 1000:.0f} ms, "
+                f"rejoin {rejoin[-1] * 1000:.0f} ms, handoff {handoff[-1] * 1000:.0f} ms, "
+                f"SIGSTOP failover {paused[-1] * 1000:.0f} ms, "
+                f"split brain healed {healed[-1] * 1000:.0f} ms")
+    finally:
+        cluster.stop()
+    return {
+        "failover_kill9": summary(failover),
+        "rejoin": summary(rejoin),
+        "handoff_sigint": summary(handoff),
+        "failover_sigstop": summary(paused),
+        "split_brain_healed": summary(healed),
+    }
+
+
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    results = run(args.trials, args.nodes,
+                  log=(lambda *a: None) if args.json else print)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for name, s in results.items():
+            print(f"{name:16} p50 {s['p50_ms']:8.1f} ms   max {s['max_ms']:8.1f} ms   (n={s['n']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
