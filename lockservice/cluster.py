@@ -25,7 +25,7 @@ arrive in order.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, cast
 
 from twisted.application.internet import ClientService
 from twisted.application.service import Service
@@ -34,7 +34,7 @@ from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall, deferLater
-from twisted.logger import Logger
+from twisted.logger import ILogObserver, Logger
 
 from lockservice import election
 from lockservice.election import (
@@ -67,7 +67,7 @@ class _Handoff:
 class _QuietClientService(ClientService):
     # The peer links retry every 0.25 s while a peer is down: ClientService
     # would log every attempt.  Peer loss is logged once, by the cluster.
-    _log = Logger(observer=lambda event: None)
+    _log = Logger(observer=cast(ILogObserver, lambda event: None))
 
 
 class _PeerLinkFactory(Factory):

@@ -1,0 +1,109 @@
+# -*- test-case-name: tests.test_http -*-
+"""
+Prometheus metrics through prometheus_client.
+
+Counters live as plain integers in L{lockservice.service.Stats} (cheap on
+the hot path) and are read at scrape time by a custom collector; the two
+histograms are observed as grants and releases happen.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator, Optional
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lockservice.election import ROLES
+from lockservice.service import LockService
+
+if TYPE_CHECKING:
+    from lockservice.cluster import Cluster
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 3600)
+
+
+class _StatsCollector(Collector):
+    def __init__(self, locks: LockService, cluster: "Optional[Cluster]") -> None:
+        self.locks = locks
+        self.cluster = cluster
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.locks.stats
+        counters = [
+            ("grants", "Locks granted (at once or by FIFO hand-off)", stats.grants),
+            ("expirations", "Leases that ran out and were reclaimed", stats.expirations),
+            ("timeouts", "Acquires answered T (wait ran out)", stats.timeouts),
+            ("redirects", "Requests answered M (not active)", stats.redirects),
+            ("errors", "Requests answered E (bad input)", stats.errors),
+            ("connections", "Client connections accepted", stats.connections),
+        ]
+        for name, doc, value in counters:
+            family = CounterMetricFamily(f"lockservice_{name}", doc)
+            family.add_metric([], value)
+            yield family
+        releases = CounterMetricFamily(
+            "lockservice_releases", "Releases by outcome", labels=["result"]
+        )
+        releases.add_metric(["ok"], stats.releasesOk)
+        releases.add_metric(["stale"], stats.releasesStale)
+        yield releases
+        table = self.locks.table
+        for name, doc, value in [
+            ("held_keys", "Keys held right now", len(table)),
+            ("waiters", "Acquire requests queued right now", table.waiterCount),
+            ("open_connections", "Client connections open right now",
+             len(self.locks.connections)),
+            ("highest_token", "Highest fencing token issued or learned", table.tokens.last),
+        ]:
+            gauge = GaugeMetricFamily(f"lockservice_{name}", doc)
+            gauge.add_metric([], value)
+            yield gauge
+        role = GaugeMetricFamily("lockservice_role", "1 for this node's current role",
+                                 labels=["role"])
+        current = self.locks.role
+        for r in ROLES:
+            role.add_metric([r], 1.0 if r == current else 0.0)
+        yield role
+        if self.cluster is not None:
+            alive = GaugeMetricFamily("lockservice_peers_alive", "Peers heard from recently")
+            alive.add_metric([], sum(1 for v in self.cluster.views.values() if v.alive))
+            yield alive
+            promotions = CounterMetricFamily("lockservice_promotions",
+                                             "Times this node became active")
+            promotions.add_metric([], self.cluster.promotions)
+            yield promotions
+
+
+class Metrics:
+    """
+    A registry of this node's metrics; also a LockService observer feeding
+    the histograms.
+    """
+
+    def __init__(self, locks: LockService, cluster: "Optional[Cluster]" = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_StatsCollector(locks, cluster))
+        self.acquireWait = Histogram(
+            "lockservice_acquire_wait_seconds",
+            "Time from acquire to grant (0 for a free key)",
+            buckets=_BUCKETS, registry=self.registry,
+        )
+        self.holdTime = Histogram(
+            "lockservice_hold_seconds", "Time a grant held its key (release or expiry)",
+            buckets=_BUCKETS, registry=self.registry,
+        )
+        locks.observers.append(self)
+
+    def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
+                waited: float) -> None:
+        self.acquireWait.observe(waited)
+
+    def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
+        self.holdTime.observe(heldFor)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
