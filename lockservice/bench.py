@@ -1,0 +1,1 @@
+def main(argv): return 0
