@@ -271,13 +271,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         from twisted.internet.defer import Deferred
         from twisted.internet.task import react
 
-        command = {"acquire": acquireCommand, "release": releaseCommand,
+        handler = {"acquire": acquireCommand, "release": releaseCommand,
                    "run": runCommand}[args.command_name]
         result: Dict[str, int] = {}
 
         async def body(reactor: Any) -> None:
             try:
-                result["status"] = await command(reactor, args)
+                result["status"] = await handler(reactor, args)
             except CommandError as e:
                 result["status"] = _fail(str(e), e.status)
 

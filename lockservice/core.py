@@ -67,15 +67,20 @@ class Waiter:
 
 class Holder:
     """
-    The grant currently holding a key.
+    A held key: its current grant, and the FIFO queue of waiters (created
+    only when someone waits, to keep an uncontended key small).
+
+    The same object stays in the table while the key passes from grant to
+    grant; its fields change at each hand-over.
     """
 
-    __slots__ = ("token", "grantedAt", "expiresAt")
+    __slots__ = ("token", "grantedAt", "expiresAt", "queue")
 
     def __init__(self, token: int, grantedAt: float, expiresAt: float) -> None:
         self.token = token
         self.grantedAt = grantedAt
         self.expiresAt = expiresAt
+        self.queue: Optional[Deque[Waiter]] = None
 
 
 class Grant:
@@ -95,14 +100,6 @@ class Grant:
         self.waiter = waiter
 
 
-class _KeyState:
-    __slots__ = ("holder", "queue")
-
-    def __init__(self, holder: Holder) -> None:
-        self.holder = holder
-        self.queue: Deque[Waiter] = deque()
-
-
 class LockTable:
     """
     Named, non-reentrant locks with FIFO queues and leases.
@@ -114,7 +111,7 @@ class LockTable:
 
     def __init__(self, tokens: TokenIssuer) -> None:
         self.tokens = tokens
-        self._keys: Dict[bytes, _KeyState] = {}
+        self._keys: Dict[bytes, Holder] = {}
         self.waiterCount = 0
 
     # -- queries ---------------------------------------------------------
@@ -123,20 +120,18 @@ class LockTable:
         return len(self._keys)
 
     def holder(self, key: bytes) -> Optional[Holder]:
-        state = self._keys.get(key)
-        return state.holder if state is not None else None
+        return self._keys.get(key)
 
     def queueLength(self, key: bytes) -> int:
-        state = self._keys.get(key)
-        return len(state.queue) if state is not None else 0
+        holder = self._keys.get(key)
+        return len(holder.queue) if holder is not None and holder.queue else 0
 
     def holders(self) -> Iterator[Tuple[bytes, Holder]]:
-        for key, state in self._keys.items():
-            yield key, state.holder
+        return iter(self._keys.items())
 
     def waiters(self, key: bytes) -> List[Waiter]:
-        state = self._keys.get(key)
-        return list(state.queue) if state is not None else []
+        holder = self._keys.get(key)
+        return list(holder.queue) if holder is not None and holder.queue else []
 
     # -- client operations -------------------------------------------------
 
@@ -146,15 +141,17 @@ class LockTable:
 
         @return: the grant, or None when the waiter was queued.
         """
-        state = self._keys.get(waiter.key)
-        if state is None:
+        holder = self._keys.get(waiter.key)
+        if holder is None:
             token = self.tokens.issue()
             expiresAt = now + waiter.lease
-            self._keys[waiter.key] = _KeyState(Holder(token, now, expiresAt))
+            self._keys[waiter.key] = Holder(token, now, expiresAt)
             return Grant(waiter.key, token, expiresAt, None)
         waiter.queuedAt = now
         waiter.queued = True
-        state.queue.append(waiter)
+        if holder.queue is None:
+            holder.queue = deque()
+        holder.queue.append(waiter)
         self.waiterCount += 1
         return None
 
@@ -165,10 +162,10 @@ class LockTable:
         @return: C{(released, next grant)}; C{released} is False when
             C{token} does not hold the key (a stale or unknown token).
         """
-        state = self._keys.get(key)
-        if state is None or state.holder.token != token:
+        holder = self._keys.get(key)
+        if holder is None or holder.token != token:
             return False, None
-        return True, self._handOver(key, state, now)
+        return True, self._handOver(key, holder, now)
 
     def expire(self, key: bytes, token: int, now: float) -> Tuple[bool, Optional[Grant]]:
         """
@@ -177,10 +174,10 @@ class LockTable:
         @return: C{(expired, next grant)}; nothing happens (False) when the
             grant no longer holds the key or its lease has not run out.
         """
-        state = self._keys.get(key)
-        if state is None or state.holder.token != token or state.holder.expiresAt > now:
+        holder = self._keys.get(key)
+        if holder is None or holder.token != token or holder.expiresAt > now:
             return False, None
-        return True, self._handOver(key, state, now)
+        return True, self._handOver(key, holder, now)
 
     def withdraw(self, waiter: Waiter) -> bool:
         """
@@ -192,21 +189,24 @@ class LockTable:
         if not waiter.queued:
             return False
         waiter.queued = False
-        self._keys[waiter.key].queue.remove(waiter)
+        queue = self._keys[waiter.key].queue
+        assert queue is not None
+        queue.remove(waiter)
         self.waiterCount -= 1
         return True
 
-    def _handOver(self, key: bytes, state: _KeyState, now: float) -> Optional[Grant]:
-        if not state.queue:
+    def _handOver(self, key: bytes, holder: Holder, now: float) -> Optional[Grant]:
+        if not holder.queue:
             del self._keys[key]
             return None
         token = self.tokens.issue()
-        waiter = state.queue.popleft()
+        waiter = holder.queue.popleft()
         waiter.queued = False
         self.waiterCount -= 1
-        expiresAt = now + waiter.lease
-        state.holder = Holder(token, now, expiresAt)
-        return Grant(key, token, expiresAt, waiter)
+        holder.token = token
+        holder.grantedAt = now
+        holder.expiresAt = now + waiter.lease
+        return Grant(key, token, holder.expiresAt, waiter)
 
     # -- replication -------------------------------------------------------
 
@@ -216,18 +216,20 @@ class LockTable:
         Waiters are never replicated, so the mirror holds none.
         """
         self.tokens.observe(token)
-        state = self._keys.get(key)
-        if state is None:
-            self._keys[key] = _KeyState(Holder(token, grantedAt, expiresAt))
+        holder = self._keys.get(key)
+        if holder is None:
+            self._keys[key] = Holder(token, grantedAt, expiresAt)
         else:
-            state.holder = Holder(token, grantedAt, expiresAt)
+            holder.token = token
+            holder.grantedAt = grantedAt
+            holder.expiresAt = expiresAt
 
     def drop(self, key: bytes, token: int) -> None:
         """
         Forget the mirrored holder C{token} of C{key}, if it still holds it.
         """
-        state = self._keys.get(key)
-        if state is not None and state.holder.token == token and not state.queue:
+        holder = self._keys.get(key)
+        if holder is not None and holder.token == token and not holder.queue:
             del self._keys[key]
 
     def takeWaiters(self) -> List[Waiter]:
@@ -237,11 +239,12 @@ class LockTable:
         @return: the waiters that were queued, in queue order per key.
         """
         orphans: List[Waiter] = []
-        for state in self._keys.values():
-            for waiter in state.queue:
-                waiter.queued = False
-                orphans.append(waiter)
-            state.queue.clear()
+        for holder in self._keys.values():
+            if holder.queue:
+                for waiter in holder.queue:
+                    waiter.queued = False
+                    orphans.append(waiter)
+                holder.queue = None
         self.waiterCount = 0
         return orphans
 

@@ -10,7 +10,9 @@ decided by the cluster layer through L{LockService.setRole}.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, cast
+from heapq import heapify, heappop, heappush
+from math import inf
+from typing import TYPE_CHECKING, Callable, List, Optional, Protocol, Tuple, cast
 
 from twisted.application.service import Service
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -90,7 +92,9 @@ class LockService(Service):
         self.activeAddress: Optional[bytes] = None
         self.startedAt = clock.seconds()
         self.connections: "set[LockProtocol]" = set()
-        self._leaseTimers: Dict[bytes, IDelayedCall] = {}
+        self._deadlines: List[Tuple[float, bytes, int]] = []
+        self._alarm: Optional[IDelayedCall] = None
+        self._alarmAt = inf
 
     # -- role ------------------------------------------------------------
 
@@ -152,23 +156,19 @@ class LockService(Service):
             return
         now = self.clock.seconds()
         holder = self.table.holder(key)
-        try:
-            ok, grant = self.table.release(key, token, now)
-        except TokenExhausted:
-            ok, grant = True, None
-        if not ok:
+        if holder is None or holder.token != token:
             self.stats.releasesStale += 1
             reply(wire.released(key, False))
             return
+        heldFor = now - holder.grantedAt
+        try:
+            _, grant = self.table.release(key, token, now)
+        except TokenExhausted:
+            grant = None
         self.stats.releasesOk += 1
         reply(wire.released(key, True))
-        assert holder is not None
-        self._dropped(key, token, now - holder.grantedAt, expired=False)
-        if grant is None:
-            timer = self._leaseTimers.pop(key, None)
-            if timer is not None:
-                timer.cancel()
-        else:
+        self._dropped(key, token, heldFor, expired=False)
+        if grant is not None:
             self._handedOver(grant, now)
 
     def withdraw(self, waiter: PendingAcquire) -> None:
@@ -186,40 +186,71 @@ class LockService(Service):
             self.stats.timeouts += 1
             waiter.conn.finish(waiter, wire.timedOut(waiter.key))
 
-    def _leaseExpired(self, key: bytes, token: int) -> None:
-        del self._leaseTimers[key]
+    # Lease timers: one heap of (expiresAt, key, token) and a single reactor
+    # alarm for its earliest entry.  A release leaves its entry behind (it is
+    # skipped when it comes up); that is cheaper on the hot path than a
+    # DelayedCall per grant, and the heap is rebuilt when stale entries
+    # pile up.
+
+    def _armLease(self, key: bytes, token: int, expiresAt: float) -> None:
+        heappush(self._deadlines, (expiresAt, key, token))
+        if expiresAt < self._alarmAt:
+            self._setAlarm(expiresAt)
+        elif self._alarmAt != -inf and len(self._deadlines) > 2 * len(self.table) + 4096:
+            self._armAllLeases()
+
+    def _setAlarm(self, at: float) -> None:
+        if self._alarm is not None and self._alarm.active():
+            self._alarm.cancel()
+        self._alarmAt = at
+        self._alarm = self.clock.callLater(
+            max(0.0, at - self.clock.seconds()), self._leasesDue, at
+        )
+
+    def _leasesDue(self, at: float) -> None:
+        self._alarm = None
+        self._alarmAt = -inf  # no re-arming while we work through the heap
+        # The reactor judged `at` due; do not let float rounding disagree.
+        now = max(self.clock.seconds(), at)
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, key, token = heappop(heap)
+            self._expire(key, token, now)
+        self._alarmAt = inf
+        if heap:
+            self._setAlarm(heap[0][0])
+
+    def _expire(self, key: bytes, token: int, now: float) -> None:
         holder = self.table.holder(key)
-        if holder is None or holder.token != token:
-            return
-        now = self.clock.seconds()
+        if holder is None or holder.token != token or holder.expiresAt > now:
+            return  # released, handed over or re-installed since
+        heldFor = now - holder.grantedAt
         try:
-            expired, grant = self.table.expire(key, token, now)
+            _, grant = self.table.expire(key, token, now)
         except TokenExhausted:
             return
-        if not expired:
-            # Fired a hair early (or the lease came from replication): re-arm.
-            self._armLease(key, token, holder.expiresAt - now)
-            return
         self.stats.expirations += 1
-        self._dropped(key, token, now - holder.grantedAt, expired=True)
+        self._dropped(key, token, heldFor, expired=True)
         if grant is not None:
             self._handedOver(grant, now)
 
-    def _armLease(self, key: bytes, token: int, delay: float) -> None:
-        self._leaseTimers[key] = self.clock.callLater(
-            max(delay, 0.0), self._leaseExpired, key, token
-        )
-
     def _armAllLeases(self) -> None:
-        self._cancelLeaseTimers()
-        now = self.clock.seconds()
-        for key, holder in self.table.holders():
-            self._armLease(key, holder.token, holder.expiresAt - now)
+        self._deadlines = [(h.expiresAt, k, h.token) for k, h in self.table.holders()]
+        heapify(self._deadlines)
+        if self._alarmAt != -inf:
+            self._alarmAt = inf
+            if self._alarm is not None and self._alarm.active():
+                self._alarm.cancel()
+            self._alarm = None
+            if self._deadlines:
+                self._setAlarm(self._deadlines[0][0])
 
     def _cancelLeaseTimers(self) -> None:
-        for timer in self._leaseTimers.values():
-            timer.cancel()
-        self._leaseTimers.clear()
+        self._deadlines = []
+        if self._alarm is not None and self._alarm.active():
+            self._alarm.cancel()
+        self._alarm = None
+        self._alarmAt = inf
 
     def _takeWaiters(self) -> List[PendingAcquire]:
         return cast(List[PendingAcquire], self.table.takeWaiters())
@@ -233,9 +264,7 @@ class LockService(Service):
 
     def _granted(self, grant: Grant, now: float, waited: float) -> None:
         self.stats.grants += 1
-        self._leaseTimers[grant.key] = self.clock.callLater(
-            grant.expiresAt - now, self._leaseExpired, grant.key, grant.token
-        )
+        self._armLease(grant.key, grant.token, grant.expiresAt)
         for observer in self.observers:
             observer.granted(grant.key, grant.token, now, grant.expiresAt, waited)
 
@@ -243,9 +272,6 @@ class LockService(Service):
         """
         Deliver a FIFO hand-over (after a release or an expiry) to its waiter.
         """
-        old = self._leaseTimers.pop(grant.key, None)
-        if old is not None and old.active():
-            old.cancel()
         waiter = grant.waiter
         assert isinstance(waiter, PendingAcquire)
         self._cancelWaitTimer(waiter)

@@ -381,3 +381,26 @@ def test_waiting_request_dropped_when_line_too_long_closes(node: Node) -> None:
     assert b.take() == b"E * * line too long\n"
     b.close()
     assert node.service.table.queueLength(b"k") == 0
+
+
+def test_promoted_standby_runs_replicated_leases_from_remaining_time(node: Node) -> None:
+    c = node.connect()
+    node.service.setRole(STANDBY, b"h:1")
+    node.service.table.install(b"short", 500, 0.0, 2.0)
+    node.service.table.install(b"long", 501, 0.0, 10.0)
+    node.clock.advance(1)
+    assert node.clock.getDelayedCalls() == []  # a standby runs no lease timers
+    node.service.setRole("active", None)
+    assert c.ask(b"A short 5 0") == b""
+    node.clock.advance(1)
+    assert c.take() == b"A short " + token(0) + b"\n"
+    assert c.ask(b"R long 501") == b"R long OK\n"
+
+
+def test_released_leases_do_not_pile_up_in_the_timer_heap(node: Node) -> None:
+    c = node.connect()
+    for i in range(20000):
+        answer = c.ask(b"A k 30 0")
+        c.ask(b"R k " + answer.split()[2])
+    assert len(node.service._deadlines) <= 4096 + 2
+    assert len(node.clock.getDelayedCalls()) == 1
