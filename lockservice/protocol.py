@@ -6,7 +6,7 @@ The client line protocol: parse a line, ask the service, write the answer.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Deque, Dict, Optional
+from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional
 
 from twisted.internet.protocol import Factory
 from twisted.protocols.basic import LineOnlyReceiver
@@ -39,43 +39,100 @@ class LockProtocol(LineOnlyReceiver):
         self._pending: Dict[bytes, Deque[PendingAcquire]] = {}
         self._seenRequest = False
         self.peer: Optional[object] = None
+        self._batch: Optional[List[bytes]] = None
+        self._socket: Any = None
 
     def connectionMade(self) -> None:
         self.service = self.factory.service
         self.service.connections.add(self)
         self.service.stats.connections += 1
+        # A plain TCP transport lets us send straight to the socket; any
+        # other transport (TLS, tests) goes through transport.write().
+        if hasattr(self.transport, "_tempDataBuffer") and hasattr(self.transport, "socket"):
+            self._socket = self.transport.socket  # type: ignore[union-attr]
+
+    # -- writing ---------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """
+        Send an answer.  Answers produced while a chunk of input is being
+        processed are gathered and sent together at its end.
+        """
+        if self._batch is not None:
+            self._batch.append(data)
+        else:
+            self._send(data)
+
+    def _send(self, data: bytes) -> None:
+        # Twisted's transport.write() buffers until the reactor's next
+        # write-readiness round (two epoll_ctl calls and one more loop
+        # iteration per answer).  When nothing is buffered we send at once
+        # and hand only what the kernel did not take to the transport.
+        transport: Any = self.transport
+        if (
+            self._socket is not None
+            and not transport._tempDataLen
+            and transport.offset == len(transport.dataBuffer)
+            and not transport.disconnecting
+        ):
+            try:
+                sent = self._socket.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                sent = 0  # the transport will find the error and close
+            if sent == len(data):
+                return
+            data = data[sent:]
+        transport.write(data)
+
+    # -- reading ---------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
         if self.peer is not None:
             self.peer.dataReceived(data)  # type: ignore[attr-defined]
             return
-        lines = (self._buffer + data).split(b"\n")
+        self._batch = []
+        try:
+            self._readLines(data)
+        finally:
+            batch, self._batch = self._batch, None
+            if batch:
+                self._send(b"".join(batch))
+
+    def _readLines(self, data: bytes) -> None:
+        if self._buffer:
+            data = self._buffer + data
+        lines = data.split(b"\n")
         self._buffer = lines.pop()
         for index, line in enumerate(lines):
-            if self.transport.disconnecting:  # type: ignore[union-attr]
-                return
             if line[-1:] == b"\r":
                 line = line[:-1]
-            if self.peer is not None:
-                # A peer handshake switched this connection over.
-                rest = b"\n".join(lines[index:] + [self._buffer])
-                self._buffer = b""
-                if rest:
-                    self.peer.dataReceived(rest)  # type: ignore[attr-defined]
-                return
             if len(line) > wire.MAX_LINE:
                 return self.lineLengthExceeded(line)
             self.lineReceived(line)
-        buffered = len(self._buffer)
-        if buffered > wire.MAX_LINE and not (
-            buffered == wire.MAX_LINE + 1 and self._buffer[-1:] == b"\r"
+            if self.peer is not None:
+                # A peer handshake switched this connection over.
+                rest = b"\n".join(lines[index + 1:] + [self._buffer])
+                self._buffer = b""
+                batch, self._batch = self._batch, None
+                if batch:
+                    self._send(b"".join(batch))
+                if rest:
+                    self.peer.dataReceived(rest)  # type: ignore[attr-defined]
+                return
+            if self.transport.disconnecting:  # type: ignore[union-attr]
+                return
+        if len(self._buffer) > wire.MAX_LINE and not (
+            len(self._buffer) == wire.MAX_LINE + 1 and self._buffer[-1:] == b"\r"
         ):
             self.lineLengthExceeded(self._buffer)
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._buffer = b""
         self.service.stats.errors += 1
-        self.transport.write(wire.LINE_TOO_LONG)  # type: ignore[union-attr]
+        batch, self._batch = self._batch or [], None
+        self._send(b"".join(batch) + wire.LINE_TOO_LONG)
         self.transport.loseConnection()  # type: ignore[union-attr]
 
     def lineReceived(self, line: bytes) -> None:
@@ -91,21 +148,21 @@ class LockProtocol(LineOnlyReceiver):
             request = wire.parseRequest(line, service.maxLease, service.maxWait)
         except wire.BadRequest as e:
             service.stats.errors += 1
-            self.transport.write(e.answer())  # type: ignore[union-attr]
+            self.write(e.answer())
             return
         if isinstance(request, wire.Acquire):
             self._acquire(request)
         elif isinstance(request, wire.Release):
-            service.release(request.key, request.token, self.transport.write)  # type: ignore[union-attr]
+            service.release(request.key, request.token, self.write)
         else:
-            self.transport.write(wire.pong(request.word))  # type: ignore[union-attr]
+            self.write(wire.pong(request.word))
 
     def _acquire(self, request: wire.Acquire) -> None:
         waiter = PendingAcquire(request.key, request.lease, self)
         answer = self.service.acquire(waiter, request.wait)
         earlier = self._pending.get(request.key)
         if answer is not None and not earlier:
-            self.transport.write(answer)  # type: ignore[union-attr]
+            self.write(answer)
             return
         if earlier is None:
             earlier = self._pending[request.key] = deque()
@@ -120,7 +177,7 @@ class LockProtocol(LineOnlyReceiver):
         waiter.answer = answer
         queue = self._pending[waiter.key]
         while queue and queue[0].answer is not None:
-            self.transport.write(queue.popleft().answer)  # type: ignore[union-attr, arg-type]
+            self.write(queue.popleft().answer)  # type: ignore[arg-type]
         if not queue:
             del self._pending[waiter.key]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 from lockservice.core import MAX_TOKEN
 
@@ -17,7 +17,6 @@ MAX_LINE = 4096
 MAX_KEY = 250
 
 _NUMBER = re.compile(rb"[0-9]+(?:\.[0-9]+)?")
-_DIGITS = re.compile(rb"[0-9]+")
 _ASCII_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 _C1_CONTROL = re.compile("[\x80-\x9f]")
 
@@ -66,16 +65,20 @@ Request = Union[Acquire, Release, Ping]
 _ARITY = {b"A": 4, b"R": 3, b"P": 2}
 
 
+# Printable ASCII except space: a key made only of these needs no decoding.
+_PLAIN_KEY_BYTES = bytes(range(0x21, 0x7F))
+
+
 def isValidKey(key: bytes) -> bool:
     """
     1-250 bytes of UTF-8 with no space and no control character (Cc).
     """
-    if not 0 < len(key) <= MAX_KEY or b" " in key:
+    if not 0 < len(key) <= MAX_KEY:
         return False
-    if _ASCII_CONTROL.search(key) is not None:
+    if not key.translate(None, _PLAIN_KEY_BYTES):
+        return True  # the common case: printable ASCII only
+    if b" " in key or _ASCII_CONTROL.search(key) is not None:
         return False
-    if key.isascii():
-        return True
     try:
         text = key.decode("utf-8")
     except UnicodeDecodeError:
@@ -89,9 +92,13 @@ def parseSeconds(field: bytes, maximum: float) -> Optional[float]:
 
     @return: the value, or None when malformed or too large.
     """
-    if _NUMBER.fullmatch(field) is None:
+    # bytes.isdigit() accepts ASCII digits only, unlike str.isdigit().
+    if field.isdigit():
+        value = float(int(field)) if len(field) < 16 else float(field)
+    elif _NUMBER.fullmatch(field) is not None:
+        value = float(field)
+    else:
         return None
-    value = float(field)
     # float() rounds: decide the inclusive upper bound on the exact decimal.
     if value >= maximum and Decimal(field.decode()) > Decimal(repr(maximum)):
         return None
@@ -102,13 +109,30 @@ def parseSeconds(field: bytes, maximum: float) -> Optional[float]:
 
 
 def parseToken(field: bytes) -> Optional[int]:
-    if _DIGITS.fullmatch(field) is None:
+    if not field.isdigit():
         return None
     significant = field.lstrip(b"0")
     if len(significant) > 20:
         return None
     token = int(significant or b"0")
     return token if token <= MAX_TOKEN else None
+
+
+_USAGE = {
+    b"A": "expected: A <key> <lease> <wait>",
+    b"R": "expected: R <key> <token>",
+    b"P": "expected: P <word>",
+}
+_BAD_KEY = "bad key: 1-250 bytes of UTF-8, no spaces or control characters"
+_BAD_WORD = "bad word: 1-250 bytes of UTF-8, no spaces or control characters"
+
+
+def _bad(fields: List[bytes], message: str) -> BadRequest:
+    op = fields[0]
+    key = fields[1] if len(fields) > 1 else b""
+    return BadRequest(
+        op if op in _ARITY else b"*", key if isValidKey(key) else b"*", message
+    )
 
 
 def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
@@ -119,43 +143,30 @@ def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
     """
     fields = line.split(b" ")
     op = fields[0]
-    echoOp = op if op in _ARITY else b"*"
-    keyField = fields[1] if len(fields) > 1 else b""
-    echoKey = keyField if isValidKey(keyField) else b"*"
-
-    def bad(message: str) -> BadRequest:
-        return BadRequest(echoOp, echoKey, message)
-
-    if b"" in fields:
-        raise bad("fields must be separated by exactly one space")
     arity = _ARITY.get(op)
+    if b"" in fields:
+        raise _bad(fields, "fields must be separated by exactly one space")
     if arity is None:
-        raise bad("unknown operation")
+        raise _bad(fields, "unknown operation")
     if len(fields) != arity:
-        raise bad(
-            {
-                b"A": "expected: A <key> <lease> <wait>",
-                b"R": "expected: R <key> <token>",
-                b"P": "expected: P <word>",
-            }[op]
-        )
-    if echoKey == b"*":
-        what = "word" if op == b"P" else "key"
-        raise bad(f"bad {what}: 1-250 bytes of UTF-8, no spaces or control characters")
+        raise _bad(fields, _USAGE[op])
+    key = fields[1]
+    if not isValidKey(key):
+        raise _bad(fields, _BAD_WORD if op == b"P" else _BAD_KEY)
     if op == b"A":
         lease = parseSeconds(fields[2], maxLease)
         if lease is None or lease == 0.0:
-            raise bad(f"bad lease: seconds, 0 < lease <= {maxLease:g}, digits only")
+            raise _bad(fields, f"bad lease: seconds, 0 < lease <= {maxLease:g}, digits only")
         wait = parseSeconds(fields[3], maxWait)
         if wait is None:
-            raise bad(f"bad wait: seconds, 0 <= wait <= {maxWait:g}, digits only")
-        return Acquire(keyField, lease, wait)
+            raise _bad(fields, f"bad wait: seconds, 0 <= wait <= {maxWait:g}, digits only")
+        return Acquire(key, lease, wait)
     if op == b"R":
         token = parseToken(fields[2])
         if token is None:
-            raise bad("bad token: decimal digits, at most 2^64-1")
-        return Release(keyField, token)
-    return Ping(keyField)
+            raise _bad(fields, "bad token: decimal digits, at most 2^64-1")
+        return Release(key, token)
+    return Ping(key)
 
 
 # -- answers ----------------------------------------------------------------
