@@ -92,7 +92,7 @@ def _worker(host: str, port: int, scenario: str, conns: int, depth: int, warmup:
         return _singleWorker(host, port, scenario, warmup, duration, ident, results)
     sel = selectors.DefaultSelector()
     connections: List[_Conn] = []
-    for i in range(conns):
+    for _ in range(conns):
         sock = socket.create_connection((host, port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)

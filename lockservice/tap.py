@@ -150,10 +150,26 @@ class NodeService(MultiService):
         return Deferred.fromCoroutine(stop())
 
 
+def _raiseFileLimit() -> None:
+    """
+    Every client connection is a file descriptor: lift the soft limit to
+    the hard one (often 1024 -> 1048576) so 10,000s of clients fit.
+    """
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def makeService(config: Options) -> IService:
     from twisted.internet import reactor
 
     useMonotonicTime(reactor)
+    _raiseFileLimit()
     root = NodeService()
     locks = LockService(
         reactor, wallMicros, maxLease=config["max-lease"], maxWait=config["max-wait"]  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 
 import pytest
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
-from twisted.internet.error import ConnectionRefusedError, ConnectionDone
+from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure

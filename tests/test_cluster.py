@@ -7,7 +7,6 @@ whether tokens rose.
 from __future__ import annotations
 
 import signal
-import socket
 import time
 
 import pytest

@@ -5,7 +5,15 @@ The pure election rules.
 from __future__ import annotations
 
 from lockservice.election import (
-    ACTIVE, HANDING_OFF, LEAVING, STANDBY, SYNCING, Action, PeerView, SelfView, decide,
+    ACTIVE,
+    HANDING_OFF,
+    LEAVING,
+    STANDBY,
+    SYNCING,
+    Action,
+    PeerView,
+    SelfView,
+    decide,
 )
 
 

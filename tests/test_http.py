@@ -11,7 +11,6 @@ import pytest
 import pytest_twisted
 import treq
 from treq.testing import StubTreq
-from twisted.internet import reactor
 
 from lockservice.harness import LineClient, Node, freePort, waitFor
 from lockservice.http import makeRoot
@@ -153,7 +152,7 @@ def test_cluster_status_shows_peers(cluster, tmp_path) -> None:  # type: ignore[
 
     ports = [freePort(), freePort()]
     c = cluster(2, start=False)
-    for node, port in zip(c.nodes, ports):
+    for node, port in zip(c.nodes, ports, strict=True):
         node.args = ["--http", f"tcp:{port}:interface=127.0.0.1"]
     c.start()
 

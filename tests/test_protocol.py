@@ -399,7 +399,7 @@ def test_promoted_standby_runs_replicated_leases_from_remaining_time(node: Node)
 
 def test_released_leases_do_not_pile_up_in_the_timer_heap(node: Node) -> None:
     c = node.connect()
-    for i in range(20000):
+    for _ in range(20000):
         answer = c.ask(b"A k 30 0")
         c.ask(b"R k " + answer.split()[2])
     assert len(node.service._deadlines) <= 4096 + 2
