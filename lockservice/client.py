@@ -43,6 +43,7 @@ RELEASE_RETRY_FOR = 5.0
 RELEASE_RETRY_EVERY = 0.2
 NO_ACTIVE_RETRY = 0.1
 MAX_REDIRECTS = 20
+ACQUIRE_GRACE = 0.5
 
 T = TypeVar("T")
 
@@ -372,24 +373,47 @@ class LockClient:
         rawKey = _encodeKey(key)
         if lease <= 0:
             raise ValueError("lease must be > 0 seconds")
-        line = b" ".join(
-            [b"A", rawKey, _seconds(lease, "lease"), _seconds(wait, "wait")]
-        ) + b"\n"
+        leaseField = _seconds(lease, "lease")
+        _seconds(wait, "wait")
+        deadline = self.clock.seconds() + wait if wait > 0 else None
+
+        def line() -> bytes:
+            # A request re-sent after a drop or a redirect asks only for
+            # the wait that is left, so the whole acquire stays bounded.
+            if deadline is None:
+                remaining = b"0"
+            else:
+                remaining = _seconds(max(deadline - self.clock.seconds(), 0.001), "wait")
+            return b"A " + rawKey + b" " + leaseField + b" " + remaining + b"\n"
+
         state = {"cancelled": False}
-
-        def cancel(d: "Deferred[Lock]") -> None:
-            state["cancelled"] = True
-            d.errback(CancelledError())
-
-        result: "Deferred[Lock]" = Deferred(cancel)
         keyText = key if isinstance(key, str) else key.decode("utf-8")
+
+        def giveUp(d: "Deferred[Lock]", error: Exception) -> None:
+            if not d.called:
+                state["cancelled"] = True
+                d.errback(error)
+
+        result: "Deferred[Lock]" = Deferred(lambda d: giveUp(d, CancelledError()))
+        guard: Optional[IDelayedCall] = None
+        if deadline is not None:
+            # The server answers T at the deadline; if its answer is held up
+            # (a stalled link, a paused node) we stop waiting a little later.
+            guard = self._later(wait + ACQUIRE_GRACE, lambda: giveUp(
+                result, LockTimeout(f"no answer for {keyText!r} within {wait}s")))
 
         async def attempt() -> None:
             try:
-                fields = await self._send(b"A", rawKey, line, dropsAllowed=len(self.slots))
+                fields = await self._send(b"A", rawKey, line, dropsAllowed=len(self.slots),
+                                          deadline=deadline)
             except Exception as e:
+                fields = None
                 if not state["cancelled"]:
                     result.errback(e)
+            if guard is not None and guard.active():
+                guard.cancel()
+                self._timers.discard(guard)
+            if fields is None:
                 return
             if fields[0] == b"A":
                 lock = Lock(keyText, int(fields[2]))
@@ -405,12 +429,13 @@ class LockClient:
         return result
 
     async def _send(
-        self, op: bytes, key: bytes, line: bytes, dropsAllowed: int,
-        waitForConnection: bool = True,
+        self, op: bytes, key: bytes, line: Callable[[], bytes], dropsAllowed: int,
+        waitForConnection: bool = True, deadline: Optional[float] = None,
     ) -> List[bytes]:
         """
-        Send a request, following redirects and moving to the next
-        connection when one drops; answers C{A}/C{T}/C{R} fields.
+        Send a request (C{line()} builds it for each try), following
+        redirects and moving to the next connection when one drops; answers
+        C{A}/C{T}/C{R} fields.  Past C{deadline}, an acquire ends as C{T}.
         """
         drops = 0
         redirects = 0
@@ -418,6 +443,8 @@ class LockClient:
         while True:
             if self.closed:
                 raise NoConnection("client closed")
+            if deadline is not None and self.clock.seconds() >= deadline:
+                return [b"T", key]
             if slot is None or not slot.up:
                 slot = self._pick()
             if slot is None:
@@ -431,7 +458,7 @@ class LockClient:
                 continue
             assert slot.protocol is not None
             try:
-                fields = await slot.protocol.request(op, key, line)
+                fields = await slot.protocol.request(op, key, line())
             except _ConnectionDropped:
                 drops += 1
                 if drops >= dropsAllowed:
@@ -475,7 +502,7 @@ class LockClient:
             while True:
                 try:
                     fields = await self._send(
-                        b"R", rawKey, line, dropsAllowed=1, waitForConnection=False
+                        b"R", rawKey, lambda: line, dropsAllowed=1, waitForConnection=False
                     )
                     return fields[2] == b"OK"
                 except (NoConnection, _ConnectionDropped) as e:

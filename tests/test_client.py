@@ -421,3 +421,30 @@ def test_close_stops_reconnecting_and_leaves_no_timers() -> None:
     before = len(net.attempts)
     clock.advance(10)
     assert len(net.attempts) == before
+
+
+def test_resent_acquire_asks_only_for_the_wait_left() -> None:
+    clock, net, client = makeClient(["a:1", "b:2"])
+    d = client.acquire("k", 30, 5)
+    first = next(c for c in net.connections if c.transport.value())
+    assert first.sent() == [b"A k 30 5"]
+    clock.advance(2)
+    net.down[first.address] = True
+    first.drop()
+    other = next(c for c in net.connections if c is not first and c.transport.value())
+    assert other.sent() == [b"A k 30 3"]
+    other.answer(b"T k")
+    assert failureOf(d).check(LockTimeout)
+
+
+def test_unanswered_acquire_times_out_client_side_and_late_grant_is_released() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.acquire("k", 30, 2)
+    carrier = next(c for c in net.connections if c.transport.value())
+    carrier.sent()
+    clock.advance(2.4)
+    assert not d.called
+    clock.advance(0.1)
+    assert failureOf(d).check(LockTimeout)
+    carrier.answer(b"A k 99")  # the stalled grant finally arrives
+    assert [line for c in net.connections for line in c.sent()] == [b"R k 99"]
