@@ -283,3 +283,27 @@ def waitFor(predicate, timeout: float, interval: float = 0.05, what: str = "cond
 
 def activeNodes(nodes: Sequence[Node]) -> List[Node]:
     return [n for n in nodes if n.alive() and probeRole(n.port) == "active"]
+
+
+def firstGrant(nodes: Sequence[Node], started: float, key: bytes, timeout: float = 20.0) -> float:
+    """
+    Ask C{nodes} in turn (short socket timeouts, so a paused node does not
+    hold us up) until one grants C{key}; seconds from C{started} to that
+    grant.  The grant is released at once.
+    """
+    deadline = started + timeout
+    while time.monotonic() < deadline:
+        for node in nodes:
+            if not node.alive():
+                continue
+            try:
+                with LineClient(node.port, timeout=0.3) as c:
+                    answer = c.ask(b"A " + key + b" 5 0.2")
+                    if answer.startswith(b"A "):
+                        elapsed = time.monotonic() - started
+                        c.ask(b"R " + key + b" " + answer.split()[2])
+                        return elapsed
+            except OSError:
+                pass
+        time.sleep(0.002)
+    raise TimeoutError(f"no grant within {timeout}s")
