@@ -3,7 +3,8 @@ Measure the cluster's timing targets with real processes and signals:
 
     python -m lockservice.failover --trials 10 [--nodes 3] [--json]
 
-For each trial: the failover gap after C{kill -9} of the active (signal to
+First, the time a grant takes to reach a standby (20 samples).  Then, for
+each trial: the failover gap after C{kill -9} of the active (signal to
 the first grant on the successor), the rejoin time of the restarted node
 (start to it being active again, state intact), the handoff gap after
 SIGINT of the active (signal to the first grant on the successor), the
@@ -20,29 +21,18 @@ import signal
 import statistics
 import sys
 import time
+import urllib.request
 from typing import Dict, List
 
-from lockservice.harness import Cluster, LineClient, Node, probeRole, waitFor
-
-
-def firstGrantAfter(node: Node, started: float, key: bytes, timeout: float = 20.0) -> float:
-    """
-    Poll C{node} with acquires until one is granted; seconds since C{started}.
-    """
-    deadline = started + timeout
-    while time.monotonic() < deadline:
-        try:
-            with LineClient(node.port, timeout=1) as c:
-                while time.monotonic() < deadline:
-                    answer = c.ask(b"A " + key + b" 5 0.5", timeout=2)
-                    if answer.startswith(b"A "):
-                        elapsed = time.monotonic() - started
-                        c.ask(b"R " + key + b" " + answer.split()[2])
-                        return elapsed
-                    time.sleep(0.002)
-        except OSError:
-            time.sleep(0.002)
-    raise TimeoutError(f"no grant from {node.name} within {timeout}s")
+from lockservice.harness import (
+    Cluster,
+    LineClient,
+    Node,
+    firstGrant,
+    freePort,
+    probeRole,
+    waitFor,
+)
 
 
 def summary(values: List[float]) -> Dict[str, float]:
@@ -54,8 +44,34 @@ def summary(values: List[float]) -> Dict[str, float]:
     }
 
 
+def replicationLatency(active: Node, standbyHttp: int, samples: int = 20) -> List[float]:
+    """
+    Grant a key on the active; poll the standby's /locks until it shows it.
+    An upper bound: it includes one HTTP poll (about a millisecond).
+    """
+    latencies = []
+    for i in range(samples):
+        key = f"replication/{i}"
+        with LineClient(active.port) as c:
+            c.ask(b"A " + key.encode() + b" 30 0")
+            granted = time.monotonic()
+            url = f"http://127.0.0.1:{standbyHttp}/locks?key={key}"
+            while True:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if json.loads(r.read()).get("held"):
+                        break
+                if time.monotonic() - granted > 5:
+                    raise TimeoutError("grant never reached the standby")
+            latencies.append(time.monotonic() - granted)
+    return latencies
+
+
 def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # type: ignore[no-untyped-def]
-    cluster = Cluster(nodes).start()
+    cluster = Cluster(nodes)
+    httpPorts = [freePort() for _ in cluster.nodes]
+    for node, port in zip(cluster.nodes, httpPorts, strict=True):
+        node.args = ["--http", f"tcp:{port}:interface=127.0.0.1"]
+    cluster.start()
     first, second = cluster.nodes[0], cluster.nodes[1]
     failover: List[float] = []
     rejoin: List[float] = []
@@ -64,6 +80,7 @@ def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # t
     healed: List[float] = []
     try:
         waitFor(lambda: probeRole(first.port) == "active", 15, what="node0 active")
+        replication = replicationLatency(first, httpPorts[1])
         for trial in range(trials):
             with LineClient(first.port) as c:
                 held = c.ask(b"A held/%d 60 1" % trial)
@@ -71,7 +88,7 @@ def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # t
             time.sleep(0.05)
             killed = time.monotonic()
             first.kill()
-            failover.append(firstGrantAfter(second, killed, b"gap/%d" % trial))
+            failover.append(firstGrant([second], killed, b"gap/%d" % trial))
             restarted = time.monotonic()
             first.start(wait=False)
             waitFor(lambda: probeRole(first.port, timeout=1) == "active", 20, interval=0.01,
@@ -83,7 +100,7 @@ def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # t
 
             interrupted = time.monotonic()
             first.signal(signal.SIGINT)
-            handoff.append(firstGrantAfter(second, interrupted, b"handoff/%d" % trial))
+            handoff.append(firstGrant([second], interrupted, b"handoff/%d" % trial))
             assert first.process is not None
             first.process.wait(15)
             first.start(wait=False)
@@ -93,7 +110,7 @@ def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # t
             stopped = time.monotonic()
             first.signal(signal.SIGSTOP)
             try:
-                paused.append(firstGrantAfter(second, stopped, b"paused/%d" % trial))
+                paused.append(firstGrant([second], stopped, b"paused/%d" % trial))
             finally:
                 first.signal(signal.SIGCONT)
             resumed = time.monotonic()
@@ -109,6 +126,7 @@ def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # t
     finally:
         cluster.stop()
     return {
+        "replication": summary(replication),
         "failover_kill9": summary(failover),
         "rejoin": summary(rejoin),
         "handoff_sigint": summary(handoff),

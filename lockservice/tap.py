@@ -5,6 +5,7 @@ C{twistd lockservice}: command-line options and the service tree.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, List, Optional
 
 from twisted.application.internet import StreamServerEndpointService
@@ -71,6 +72,15 @@ class Options(usage.Options):
         ["peer-timeout", None, 1.0,
          "Seconds of silence after which a peer counts as dead.", _seconds("peer-timeout")],
     ]
+
+    def parseOptions(self, options: Optional[List[str]] = None) -> None:
+        # Report a bad option ourselves and exit non-zero: twistd before
+        # 24.x printed the message but exited 0.
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            sys.stderr.write(f"twistd lockservice: {e} (see --help)\n")
+            raise SystemExit(2) from None
 
     def postOptions(self) -> None:
         self["peerList"] = []

@@ -33,8 +33,16 @@ def test_short_chaos_run_passes_every_checker() -> None:
 
 def test_checkers_count_what_they_should() -> None:
     from lockservice.chaos import (
-        Access, AcquireRecord, Fault, History, Section, checkAbandoned, checkAcquires,
-        checkFence, checkOverlaps, checkTokens,
+        Access,
+        AcquireRecord,
+        Fault,
+        History,
+        Section,
+        checkAbandoned,
+        checkAcquires,
+        checkFence,
+        checkOverlaps,
+        checkTokens,
     )
 
     h = History()
