@@ -42,6 +42,7 @@ RECONNECT_INTERVAL = 3.0
 RELEASE_RETRY_FOR = 5.0
 RELEASE_RETRY_EVERY = 0.2
 NO_ACTIVE_RETRY = 0.1
+MAX_NO_ACTIVE_RETRIES = 100  # 10 s of "M ... *" before giving up
 MAX_REDIRECTS = 20
 ACQUIRE_GRACE = 0.5
 
@@ -439,6 +440,7 @@ class LockClient:
         """
         drops = 0
         redirects = 0
+        unknownActive = 0
         slot: Optional[_Slot] = None
         while True:
             if self.closed:
@@ -467,13 +469,17 @@ class LockClient:
                 slot = None
                 continue
             if fields[0] == b"M":
+                target = fields[3] if len(fields) > 3 else b"*"
+                if target == b"*":
+                    # No active right now (a handoff, a cluster starting).
+                    unknownActive += 1
+                    if unknownActive > MAX_NO_ACTIVE_RETRIES:
+                        raise NoConnection("no active node (the cluster answers M *)")
+                    await self._sleep(NO_ACTIVE_RETRY)
+                    continue
                 redirects += 1
                 if redirects > MAX_REDIRECTS:
                     raise NoConnection("too many redirects; no active node found")
-                target = fields[3] if len(fields) > 3 else b"*"
-                if target == b"*":
-                    await self._sleep(NO_ACTIVE_RETRY)
-                    continue
                 try:
                     await slot.switchTo(target.decode())
                 except NoConnection:
