@@ -101,7 +101,11 @@ def _json(request: Request, data: Any) -> bytes:
     return json.dumps(data, indent=2).encode() + b"\n"
 
 
-class StatusResource(Resource):
+class _NodeResource(Resource):
+    """
+    A leaf resource that reads this node's lock service and cluster.
+    """
+
     isLeaf = True
 
     def __init__(self, locks: LockService, cluster: "Optional[Cluster]") -> None:
@@ -109,17 +113,13 @@ class StatusResource(Resource):
         self.locks = locks
         self.cluster = cluster
 
+
+class StatusResource(_NodeResource):
     def render_GET(self, request: Request) -> bytes:
         return _json(request, status(self.locks, self.cluster))
 
 
-class LocksResource(Resource):
-    isLeaf = True
-
-    def __init__(self, locks: LockService) -> None:
-        super().__init__()
-        self.locks = locks
-
+class LocksResource(_NodeResource):
     def render_GET(self, request: Request) -> bytes:
         args = request.args or {}
         key = args.get(b"key", [None])[0]
@@ -143,17 +143,10 @@ class MetricsResource(Resource):
         return self.metrics.render()
 
 
-class PageResource(Resource):
+class PageResource(_NodeResource):
     """
     A human-readable page of the same status; refreshes every 2 seconds.
     """
-
-    isLeaf = True
-
-    def __init__(self, locks: LockService, cluster: "Optional[Cluster]") -> None:
-        super().__init__()
-        self.locks = locks
-        self.cluster = cluster
 
     def render_GET(self, request: Request) -> bytes:
         s = status(self.locks, self.cluster)
@@ -202,7 +195,7 @@ def makeRoot(locks: LockService, cluster: "Optional[Cluster]") -> Resource:
     wrapper = _Root()
     wrapper.putChild(b"", PageResource(locks, cluster))
     wrapper.putChild(b"status", StatusResource(locks, cluster))
-    wrapper.putChild(b"locks", LocksResource(locks))
+    wrapper.putChild(b"locks", LocksResource(locks, cluster))
     wrapper.putChild(b"metrics", MetricsResource(metrics))
     return wrapper
 

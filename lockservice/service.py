@@ -20,11 +20,10 @@ from twisted.logger import Logger
 
 from lockservice import wire
 from lockservice.core import Grant, LockTable, TokenExhausted, TokenIssuer, Waiter
+from lockservice.election import ACTIVE, HANDING_OFF
 
 if TYPE_CHECKING:
     from lockservice.protocol import LockProtocol
-
-from lockservice.election import ACTIVE, HANDING_OFF, LEAVING, STANDBY, SYNCING  # noqa: F401
 
 
 class PendingAcquire(Waiter):
