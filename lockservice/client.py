@@ -37,6 +37,7 @@ from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
 from lockservice import wire
+from lockservice.tcp import noDelay
 
 RECONNECT_INTERVAL = 3.0
 RELEASE_RETRY_FOR = 5.0
@@ -137,6 +138,9 @@ class LockClientProtocol(LineOnlyReceiver):
     def __init__(self) -> None:
         self._pending: Dict[Tuple[bytes, bytes], Deque["Deferred[List[bytes]]"]] = {}
         self.lost: "Deferred[None]" = Deferred()
+
+    def connectionMade(self) -> None:
+        noDelay(self.transport)
 
     def request(self, op: bytes, key: bytes, line: bytes) -> "Deferred[List[bytes]]":
         """

@@ -25,6 +25,8 @@ from twisted.internet.interfaces import IDelayedCall, ITransport
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 
+from lockservice.tcp import noDelay
+
 if TYPE_CHECKING:
     from lockservice.cluster import Cluster
 
@@ -167,6 +169,7 @@ class PeerClientProtocol(Protocol):
 
     def connectionMade(self) -> None:
         assert self.transport is not None
+        noDelay(self.transport)
         self.channel = PeerChannel(self.cluster, self.transport, outbound=True, remote=self.remote)
         self.channel.sendHello()
 

@@ -14,6 +14,7 @@ from twisted.python.failure import Failure
 
 from lockservice import wire
 from lockservice.service import LockService, PendingAcquire
+from lockservice.tcp import noDelay
 
 if TYPE_CHECKING:
     from lockservice.cluster import Cluster
@@ -46,6 +47,7 @@ class LockProtocol(LineOnlyReceiver):
         self.service = self.factory.service
         self.service.connections.add(self)
         self.service.stats.connections += 1
+        noDelay(self.transport)
         # A plain TCP transport lets us send straight to the socket; any
         # other transport (TLS, tests) goes through transport.write().
         if hasattr(self.transport, "_tempDataBuffer") and hasattr(self.transport, "socket"):

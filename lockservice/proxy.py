@@ -16,6 +16,8 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 
+from lockservice.tcp import noDelay
+
 
 class _Upstream(Protocol):
     def __init__(self, downstream: "_Downstream") -> None:
@@ -45,12 +47,14 @@ class _Downstream(Protocol):
             self.transport.abortConnection()  # type: ignore[union-attr]
             return
         self.proxy.links.append(self)
+        noDelay(self.transport)
         endpoint = TCP4ClientEndpoint(self.proxy.reactor, self.proxy.host, self.proxy.port)
         d = connectProtocol(endpoint, _Upstream(self))
         d.addCallbacks(self._connected, lambda f: self.transport.loseConnection())  # type: ignore[union-attr]
 
     def _connected(self, upstream: _Upstream) -> None:
         self.upstream = upstream
+        noDelay(upstream.transport)
         if self.transport.disconnected:  # type: ignore[union-attr]
             upstream.transport.loseConnection()  # type: ignore[union-attr]
             return
