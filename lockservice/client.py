@@ -198,6 +198,8 @@ class _Slot:
         self.connecting = False
         self.retry: Optional[IDelayedCall] = None
         self.waitingForConnection: List["Deferred[None]"] = []
+        # True while the slot closes its link on purpose to follow a redirect.
+        self.switching = False
 
     @property
     def up(self) -> bool:
@@ -228,12 +230,13 @@ class _Slot:
         self.connecting = False
         self.client.log.debug("connection to {address} failed: {reason}",
                               address=self.address, reason=reason.value)
+        failedAddress = self.address
         # A redirect target that cannot be reached: go back home next time.
         self.address = self.home
         self._scheduleRetry(RECONNECT_INTERVAL)
         waiting, self.waitingForConnection = self.waitingForConnection, []
         for d in waiting:
-            d.errback(NoConnection(f"cannot connect to {self.address}"))
+            d.errback(NoConnection(f"cannot connect to {failedAddress}"))
 
     def _lost(self, protocol: LockClientProtocol) -> None:
         if self.protocol is not protocol:
@@ -247,19 +250,16 @@ class _Slot:
         # Reconnect at once after a drop; failures then retry every 3 s.
         self._scheduleRetry(0)
 
-    switching = False
-
     def switchTo(self, address: str) -> "Deferred[None]":
         """
         Follow a redirect: reconnect this slot to C{address}.
 
         @return: fires when the slot is connected again.
         """
+        if self.address == address and self.protocol is not None:
+            return succeed(None)
         d: "Deferred[None]" = Deferred()
         self.waitingForConnection.append(d)
-        if self.address == address and (self.protocol is not None):
-            self.waitingForConnection.remove(d)
-            return succeed(None)
         self.address = address
         if self.protocol is not None:
             self.switching = True
