@@ -122,16 +122,34 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--node {self['node']} is not in --peers")
             self["self"] = self["node"]
             return
-        if self["listen"] is None:
-            if len(peers) == 1:
-                self["self"] = peers[0]
-                return
-            raise usage.UsageError("cannot tell which --peers entry is this node: give --node")
-        listenPort = _endpointPort(self["listen"])
-        matches = [p for p in peers if parseAddress(p)[1] == listenPort]
+        matches = peers
+        if self["listen"] is not None:
+            listenPort = _endpointPort(self["listen"])
+            matches = [p for p in peers if parseAddress(p)[1] == listenPort]
+        if len(matches) > 1:
+            # Several hosts: keep the entries whose address is this machine's.
+            matches = [p for p in matches if _isLocalHost(parseAddress(p)[0])]
         if len(matches) != 1:
             raise usage.UsageError("cannot tell which --peers entry is this node: give --node")
         self["self"] = matches[0]
+
+
+def _isLocalHost(host: str) -> bool:
+    """
+    True when C{host} names an address of this machine (it can be bound).
+    """
+    import socket
+
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host, 0, type=socket.SOCK_STREAM
+        ):
+            with socket.socket(family, kind, proto) as s:
+                s.bind(address)
+                return True
+    except OSError:
+        return False
+    return False
 
 
 def _endpointPort(description: str) -> Optional[int]:
