@@ -16,7 +16,6 @@ from twisted.python.failure import Failure
 
 from lockservice.client import (
     Lock,
-    LockClient,
     LockRejected,
     LockTimeout,
     NoConnection,
@@ -77,15 +76,11 @@ class Network:
 
         return Endpoint()
 
-    def live(self, address: Optional[str] = None) -> List[FakeServerSide]:
-        return [
-            c for c in self.connections
-            if not c.closedByClient and c.protocol.transport is not None
-            and (address is None or c.address == address)
-            and c.protocol in [s.protocol for s in self._client.slots]
-        ]
-
-    _client: LockClient
+    def carrier(self) -> FakeServerSide:
+        """
+        The connection the client last wrote to (unread bytes waiting).
+        """
+        return next(c for c in self.connections if c.transport.value())
 
 
 def makeClient(addresses: List[str], down: Optional[List[str]] = None):  # type: ignore[no-untyped-def]
@@ -94,7 +89,6 @@ def makeClient(addresses: List[str], down: Optional[List[str]] = None):  # type:
     for a in down or []:
         net.down[a] = True
     client = connect(clock, addresses, endpointFor=net.endpointFor)
-    net._client = client
     return clock, net, client
 
 
@@ -128,7 +122,7 @@ def test_several_addresses_one_connection_each() -> None:
 def test_acquire_and_release() -> None:
     clock, net, client = makeClient(["h:1"])
     d = client.acquire("k", 30, 5)
-    conn = next(c for c in net.connections if c.transport.value())
+    conn = net.carrier()
     assert conn.sent() == [b"A k 30 5"]
     conn.answer(b"A k 123")
     lock = result(d)
@@ -144,7 +138,7 @@ def test_acquire_and_release() -> None:
 def test_release_stale_is_false() -> None:
     clock, net, client = makeClient(["h:1"])
     r = client.release(Lock("k", 5))
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     carrier.answer(b"R k STALE")
     assert result(r) is False
 
@@ -211,7 +205,7 @@ def test_pipelined_answers_paired_by_op_and_key_in_send_order() -> None:
 def test_error_answer_is_a_rejection_with_message() -> None:
     clock, net, client = makeClient(["a:1"])
     d = client.acquire("k", 99999999, 0)
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     carrier.sent()
     carrier.answer(b"E A k bad lease: seconds, 0 < lease <= 86400, digits only")
     f = failureOf(d)
@@ -230,7 +224,7 @@ def test_invalid_key_is_refused_before_sending() -> None:
 def test_drop_during_acquire_moves_to_next_connection() -> None:
     clock, net, client = makeClient(["a:1", "b:2"])
     d = client.acquire("k", 30, 0)
-    first = next(c for c in net.connections if c.transport.value())
+    first = net.carrier()
     first.sent()
     net.down[first.address] = True
     first.drop()
@@ -260,7 +254,7 @@ def test_error_only_after_as_many_drops_as_connections() -> None:
 def test_redirect_switches_connection_and_resends() -> None:
     clock, net, client = makeClient(["a:1"])
     d = client.acquire("k", 30, 0)
-    standby = next(c for c in net.connections if c.transport.value())
+    standby = net.carrier()
     standby.sent()
     standby.answer(b"M A k act:9")
     assert standby.closedByClient
@@ -276,7 +270,7 @@ def test_redirect_switches_connection_and_resends() -> None:
 def test_redirected_slot_goes_home_when_active_is_lost() -> None:
     clock, net, client = makeClient(["a:1", "b:2"])
     d = client.acquire("k", 30, 0)
-    standby = next(c for c in net.connections if c.transport.value())
+    standby = net.carrier()
     standby.sent()
     standby.answer(b"M A k act:9")
     standby.drop()
@@ -293,12 +287,12 @@ def test_redirected_slot_goes_home_when_active_is_lost() -> None:
 def test_redirect_to_unknown_active_retries_shortly() -> None:
     clock, net, client = makeClient(["a:1"])
     d = client.acquire("k", 30, 0)
-    conn = next(c for c in net.connections if c.transport.value())
+    conn = net.carrier()
     conn.sent()
     conn.answer(b"M A k *")
     assert not d.called
     clock.advance(0.1)
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     assert carrier.sent() == [b"A k 30 0"]
     carrier.answer(b"A k 3")
     assert result(d).token == 3
@@ -316,7 +310,7 @@ def test_release_retried_every_200ms_across_drops() -> None:
     net.down["a:1"] = False
     clock.advance(3)  # background reconnect
     clock.advance(0.2)
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     assert carrier.sent() == [b"R k 42"]
     carrier.answer(b"R k OK")
     assert result(r) is True
@@ -336,7 +330,7 @@ def test_release_gives_up_after_5s() -> None:
 def test_cancelled_acquire_releases_a_late_grant() -> None:
     clock, net, client = makeClient(["a:1"])
     d = client.acquire("k", 30, 0)
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     carrier.sent()
     d.cancel()
     assert failureOf(d).check(CancelledError)
@@ -348,7 +342,7 @@ def test_cancelled_acquire_releases_a_late_grant() -> None:
 def test_cancelled_acquire_that_times_out_sends_nothing() -> None:
     clock, net, client = makeClient(["a:1"])
     d = client.acquire("k", 30, 1)
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     carrier.sent()
     d.cancel()
     carrier.answer(b"T k")
@@ -362,10 +356,10 @@ def test_locked_helper_releases_when_function_fails() -> None:
         raise RuntimeError("inside")
 
     d = client.locked("k", 30, 0, boom)
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     carrier.sent()
     carrier.answer(b"A k 5")
-    releaser = next(c for c in net.connections if c.transport.value())
+    releaser = net.carrier()
     assert releaser.sent() == [b"R k 5"]
     releaser.answer(b"R k OK")
     assert failureOf(d).check(RuntimeError)
@@ -381,10 +375,10 @@ def test_async_with_releases_on_success() -> None:
             return "done"
 
     d = Deferred.fromCoroutine(work())
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     carrier.sent()
     carrier.answer(b"A k 8")
-    releaser = next(c for c in net.connections if c.transport.value())
+    releaser = net.carrier()
     assert releaser.sent() == [b"R k 8"]
     releaser.answer(b"R k OK")
     assert result(d) == "done" and seen == [8]
@@ -399,11 +393,11 @@ def test_async_with_cancelled_inside_block_releases() -> None:
             await blocker
 
     d = Deferred.fromCoroutine(work())
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     carrier.sent()
     carrier.answer(b"A k 8")
     d.cancel()
-    releaser = next(c for c in net.connections if c.transport.value())
+    releaser = net.carrier()
     assert releaser.sent() == [b"R k 8"]
     releaser.answer(b"R k OK")
     assert failureOf(d).check(CancelledError)
@@ -426,7 +420,7 @@ def test_close_stops_reconnecting_and_leaves_no_timers() -> None:
 def test_resent_acquire_asks_only_for_the_wait_left() -> None:
     clock, net, client = makeClient(["a:1", "b:2"])
     d = client.acquire("k", 30, 5)
-    first = next(c for c in net.connections if c.transport.value())
+    first = net.carrier()
     assert first.sent() == [b"A k 30 5"]
     clock.advance(2)
     net.down[first.address] = True
@@ -440,7 +434,7 @@ def test_resent_acquire_asks_only_for_the_wait_left() -> None:
 def test_unanswered_acquire_times_out_client_side_and_late_grant_is_released() -> None:
     clock, net, client = makeClient(["a:1"])
     d = client.acquire("k", 30, 2)
-    carrier = next(c for c in net.connections if c.transport.value())
+    carrier = net.carrier()
     carrier.sent()
     clock.advance(2.4)
     assert not d.called
