@@ -545,6 +545,9 @@ class LockClient:
         return _Held(self, key, lease, wait)
 
     def ping(self, word: str = "ping") -> "Deferred[bool]":
+        """
+        Send C{P word} on the next connection; True when it is echoed.
+        """
         raw = _encodeKey(word)
 
         async def attempt() -> bool:

@@ -129,10 +129,6 @@ class LockTable:
     def holders(self) -> Iterator[Tuple[bytes, Holder]]:
         return iter(self._keys.items())
 
-    def waiters(self, key: bytes) -> List[Waiter]:
-        holder = self._keys.get(key)
-        return list(holder.queue) if holder is not None and holder.queue else []
-
     # -- client operations -------------------------------------------------
 
     def acquire(self, waiter: Waiter, now: float) -> Optional[Grant]:

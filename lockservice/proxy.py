@@ -3,8 +3,8 @@
 A fault-injecting TCP port forwarder, for tests and the chaos suite.
 
 Clients connect to the proxy's port; it forwards to the target.  The test
-can then cut every link (both sides see a close), stall them (bytes are
-held, not lost, until resumed), or refuse new connections.
+can then cut every link (both sides see a close), cut only the links that
+carried requests, or stall them (bytes are held, not lost, until resumed).
 """
 
 from __future__ import annotations
@@ -43,9 +43,6 @@ class _Downstream(Protocol):
         self.bytesUp = 0
 
     def connectionMade(self) -> None:
-        if self.proxy.refusing:
-            self.transport.abortConnection()  # type: ignore[union-attr]
-            return
         self.proxy.links.append(self)
         noDelay(self.transport)
         endpoint = TCP4ClientEndpoint(self.proxy.reactor, self.proxy.host, self.proxy.port)
@@ -104,7 +101,6 @@ class FaultProxy:
         self.port = port
         self.links: List[_Downstream] = []
         self.stalled = False
-        self.refusing = False
         self.listening: Optional[IListeningPort] = None
         self.cuts = 0
 

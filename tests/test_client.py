@@ -442,3 +442,12 @@ def test_unanswered_acquire_times_out_client_side_and_late_grant_is_released() -
     assert failureOf(d).check(LockTimeout)
     carrier.answer(b"A k 99")  # the stalled grant finally arrives
     assert [line for c in net.connections for line in c.sent()] == [b"R k 99"]
+
+
+def test_ping_is_echoed() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.ping("hello")
+    carrier = net.carrier()
+    assert carrier.sent() == [b"P hello"]
+    carrier.answer(b"P hello")
+    assert result(d) is True
