@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -39,6 +38,7 @@ from lockservice.client import LockClient, LockTimeout, ReleaseFailed, connect
 from lockservice.fencing import FenceGuard, StaleToken
 from lockservice.harness import Cluster, activeNodes, firstGrant, twistdEnvironment
 from lockservice.proxy import FaultProxy
+from lockservice.tcp import clientEndpoint
 
 LEASE = 3.0
 WAIT = 4.0
@@ -260,7 +260,7 @@ class Chaos:
             if isinstance(address, str) and address in self.proxies:
                 address = self.proxies[address].address
             host, _, port = address.rpartition(":")
-            return HostnameEndpoint(self.reactor, host, int(port), timeout=2)
+            return clientEndpoint(self.reactor, host, int(port), timeout=2)
 
         self.workers: List[LockClient] = [
             connect(self.reactor, list(self.proxies), endpointFor=throughProxy)

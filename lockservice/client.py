@@ -30,14 +30,14 @@ from typing import (
 )
 
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred, succeed
-from twisted.internet.endpoints import HostnameEndpoint, connectProtocol
+from twisted.internet.endpoints import connectProtocol
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
 from lockservice import wire
-from lockservice.tcp import noDelay
+from lockservice.tcp import clientEndpoint, noDelay
 
 RECONNECT_INTERVAL = 3.0
 RELEASE_RETRY_FOR = 5.0
@@ -610,7 +610,7 @@ def _defaultEndpoint(reactor: Any) -> EndpointFactory:
         if not isinstance(address, str):
             return address
         host, _, port = address.rpartition(":")
-        return HostnameEndpoint(reactor, host.strip("[]"), int(port), timeout=5)
+        return clientEndpoint(reactor, host, int(port), timeout=5)  # type: ignore[no-any-return]
 
     return endpointFor
 

@@ -5,7 +5,7 @@ graceful handoff and split-brain demotion (SPEC section 4).
 
 Messages on an authenticated peer channel (one line each):
 
-    HB <term> <role> <leader|-> <last_token>    on our outbound links, every --heartbeat
+    HB <term> <role> <leader|-> <last_token>    on every link, every --heartbeat
     SYNC                                        follower -> leader: send state, then stream
     SNAP <term> <last_token>                    leader -> follower: a full snapshot begins
     H <key> <token> <remaining_us>              one held key of the snapshot
@@ -17,7 +17,7 @@ Messages on an authenticated peer channel (one line each):
     REFUSED <term>                              successor cannot take over
 
 Every node dials every other node (a ClientService per peer, retrying
-quickly) and sends its heartbeats on those outbound links.  A follower asks
+quickly) and sends its heartbeats on every link, both directions.  A follower asks
 its leader for state on its own outbound link, and the leader streams back
 on that same connection, so the snapshot, the live changes and a HANDOFF
 arrive in order.
@@ -30,7 +30,6 @@ from typing import Dict, List, Optional, cast
 from twisted.application.internet import ClientService
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall, deferLater
@@ -49,6 +48,7 @@ from lockservice.election import (
 )
 from lockservice.peer import PeerChannel, PeerClientProtocol, acceptChannel
 from lockservice.service import LockService
+from lockservice.tcp import clientEndpoint
 
 PEER_RETRY = 0.25
 HANDOFF_TIMEOUT = 2.0
@@ -153,7 +153,7 @@ class Cluster(Service):
         self.startedAt = self.clock.seconds()
         for j in self.views:
             host, _, port = self.peers[j].decode().rpartition(":")
-            endpoint = HostnameEndpoint(self.reactor, host.strip("[]"), int(port), timeout=2)
+            endpoint = clientEndpoint(self.reactor, host, int(port), timeout=2)
             factory = _PeerLinkFactory(self, j)
             link = _QuietClientService(endpoint, factory, retryPolicy=lambda _: PEER_RETRY,
                                  clock=self.clock)
@@ -206,7 +206,7 @@ class Cluster(Service):
     def tick(self) -> None:
         now = self.clock.seconds()
         for j, view in self.views.items():
-            alive = j in self.inbound and now - self.lastHeard.get(j, -1e18) <= self.peerTimeout
+            alive = self._linked(j) and now - self.lastHeard.get(j, -1e18) <= self.peerTimeout
             if alive != view.alive:
                 view.alive = alive
                 self._peerChanged(j, alive)
@@ -226,9 +226,16 @@ class Cluster(Service):
                                     self.locks.table.tokens.last)
 
     def broadcastHeartbeat(self) -> None:
+        # On both directions' links: a peer hears us as soon as either link
+        # is up (ours may still be waiting for its next connection attempt).
         line = self.heartbeatLine()
         for channel in self.outbound.values():
             channel.send(line)
+        for channel in self.inbound.values():
+            channel.send(line)
+
+    def _linked(self, j: int) -> bool:
+        return j in self.inbound or j in self.outbound
 
     # -- channels --------------------------------------------------------------
 
@@ -247,10 +254,9 @@ class Cluster(Service):
         links[j] = channel
         if old is not None and old is not channel:
             old.transport.loseConnection()  # type: ignore[attr-defined]
-        if channel.outbound:
-            channel.send(self.heartbeatLine())
-            if self.leader == j and self.role in (STANDBY, SYNCING):
-                channel.send(b"SYNC")
+        channel.send(self.heartbeatLine())
+        if channel.outbound and self.leader == j and self.role in (STANDBY, SYNCING):
+            channel.send(b"SYNC")
 
     def channelLost(self, channel: PeerChannel) -> None:
         j = channel.remote
@@ -259,12 +265,14 @@ class Cluster(Service):
         if links.get(j) is not channel:
             return
         del links[j]
-        if not channel.outbound:
+        if not channel.outbound and self.handoff is not None and self.handoff.successor == j:
+            self._handoffFailed(f"lost {self.peers[j].decode()} during handoff")
+        if not self._linked(j):
+            # A dead process closes every link at once: no need to wait
+            # for the peer timeout.
             if self.views[j].alive:
                 self.views[j].alive = False
                 self._peerChanged(j, False)
-            if self.handoff is not None and self.handoff.successor == j:
-                self._handoffFailed(f"lost {self.peers[j].decode()} during handoff")
             self.evaluate()
 
     # -- messages --------------------------------------------------------------
@@ -325,7 +333,7 @@ class Cluster(Service):
         self.locks.table.tokens.observe(int(fields[4]))
         self._learnTerm(view.term)
         self.lastHeard[j] = self.clock.seconds()
-        if not view.alive and j in self.inbound:
+        if not view.alive and self._linked(j):
             view.alive = True
             self._peerChanged(j, True)
         self.evaluate()
@@ -335,6 +343,8 @@ class Cluster(Service):
     def evaluate(self) -> None:
         if self._stopping and self.role != ACTIVE:
             return
+        # A node without state waits to hear from its peers (and for its own
+        # links to them to come up) before it may take over an empty cluster.
         graceOver = self.clock.seconds() - self.startedAt >= 2 * self.peerTimeout
         action = election.decide(
             self.me, SelfView(self.role, self.term, self.leader, graceOver), self.views
