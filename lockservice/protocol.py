@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional
 
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.protocol import Factory
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from lockservice import wire
 from lockservice.service import LockService, PendingAcquire
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
 PEER_HELLO = b"HELLO"
 
 
+@implementer(IHalfCloseableProtocol)
 class LockProtocol(LineOnlyReceiver):
     """
     One client connection.
@@ -29,6 +32,10 @@ class LockProtocol(LineOnlyReceiver):
     Answers to queued acquires are written in send order per key, as the
     spec requires for equal (op, key) pairs: a later request's timeout is
     held back until the earlier request on the same key is answered.
+
+    A client that only shuts down its sending side (C{printf ... | nc})
+    still gets the answers to its queued acquires; the connection closes
+    after the last one.
     """
 
     delimiter = b"\n"
@@ -42,6 +49,7 @@ class LockProtocol(LineOnlyReceiver):
         self.peer: Optional[object] = None
         self._batch: Optional[List[bytes]] = None
         self._socket: Any = None
+        self._readClosed = False
 
     def connectionMade(self) -> None:
         self.service = self.factory.service
@@ -182,6 +190,16 @@ class LockProtocol(LineOnlyReceiver):
             self.write(queue.popleft().answer)  # type: ignore[arg-type]
         if not queue:
             del self._pending[waiter.key]
+            if self._readClosed and not self._pending:
+                self.transport.loseConnection()  # type: ignore[union-attr]
+
+    def readConnectionLost(self) -> None:
+        self._readClosed = True
+        if self.peer is not None or not self._pending:
+            self.transport.loseConnection()  # type: ignore[union-attr]
+
+    def writeConnectionLost(self) -> None:
+        self.transport.loseConnection()  # type: ignore[union-attr]
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         if self.peer is not None:

@@ -193,11 +193,25 @@ def _raiseFileLimit() -> None:
         pass
 
 
+def _allowInterrupt() -> None:
+    """
+    A process started in the background by a non-interactive shell inherits
+    SIGINT as ignored, and Twisted then leaves it ignored: Ctrl+C / SIGINT
+    would not start the graceful handoff.  Restore Python's handler so the
+    reactor installs its own.
+    """
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def makeService(config: Options) -> IService:
     from twisted.internet import reactor
 
     useMonotonicTime(reactor)
     _raiseFileLimit()
+    _allowInterrupt()
     root = NodeService()
     locks = LockService(
         reactor, wallMicros, maxLease=config["max-lease"], maxWait=config["max-wait"]  # type: ignore[arg-type]

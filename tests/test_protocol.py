@@ -405,3 +405,21 @@ def test_released_leases_do_not_pile_up_in_the_timer_heap(node: Node) -> None:
         c.ask(b"R k " + answer.split()[2])
     assert len(node.service._deadlines) <= 4096 + 2
     assert len(node.clock.getDelayedCalls()) == 1
+
+
+def test_half_closed_client_still_gets_queued_answers_then_close(node: Node) -> None:
+    holder, c = node.connect(), node.connect()
+    holder.ask(b"A k 30 0")
+    c.send(b"A k 30 5\n")
+    c.proto.readConnectionLost()  # e.g. `printf ... | nc`
+    assert not c.transport.disconnecting
+    node.clock.advance(5)
+    assert c.take() == b"T k\n"
+    assert c.transport.disconnecting
+
+
+def test_half_closed_client_with_nothing_queued_is_closed(node: Node) -> None:
+    c = node.connect()
+    assert c.ask(b"P x") == b"P x\n"
+    c.proto.readConnectionLost()
+    assert c.transport.disconnecting

@@ -166,3 +166,15 @@ def test_wall_clock_steps_neither_shorten_nor_lengthen_a_lease(tmp_path) -> None
             assert 1.8 <= elapsed < 4.0
     finally:
         node.stop()
+
+
+def test_half_close_like_nc_still_gets_the_wait_answer(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    with LineClient(node.port) as holder:
+        holder.ask(b"A k 30 0")
+        waiter = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+        waiter.sendall(b"A k 30 0.3\n")
+        waiter.shutdown(socket.SHUT_WR)
+        assert waiter.recv(100) == b"T k\n"
+        assert waiter.recv(100) == b""  # closed after the last answer
+        waiter.close()
