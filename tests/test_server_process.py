@@ -178,3 +178,24 @@ def test_half_close_like_nc_still_gets_the_wait_answer(spawn) -> None:  # type: 
         assert waiter.recv(100) == b"T k\n"
         assert waiter.recv(100) == b""  # closed after the last answer
         waiter.close()
+
+
+def test_sigint_stops_a_node_started_with_sigint_ignored(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    A script that starts a node with `&` leaves SIGINT ignored in it; the
+    graceful stop must still work.
+    """
+    import signal
+
+    node = Node(freePort(), logDir=str(tmp_path))
+    node.process = subprocess.Popen(
+        node.command(), env=twistdEnvironment(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        node.waitReady()
+        node.process.send_signal(signal.SIGINT)
+        assert node.process.wait(15) in (0, -signal.SIGINT)
+    finally:
+        node.stop()
