@@ -92,7 +92,9 @@ class Options(usage.Options):
         if self["listen"] is None:
             if self["self"] is not None:
                 host, port = parseAddress(self["self"])
-                self["listen"] = f"tcp:{port}:interface={host}"
+                # Colons of an IPv6 address must be escaped in an endpoint string.
+                interface = host.replace(":", "\\:")
+                self["listen"] = f"tcp:{port}:interface={interface}"
             else:
                 self["listen"] = f"tcp:{DEFAULT_PORT}"
         if self["peer-timeout"] <= self["heartbeat"]:

@@ -63,3 +63,8 @@ def test_secret_file_is_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
     secret = tmp_path / "s"
     secret.write_text("  hunter2\n")
     assert parse(["--secret", str(secret)])["secretBytes"] == b"hunter2"
+
+
+def test_ipv6_node_entry_gives_escaped_listen_endpoint() -> None:
+    o = parse(["--peers", "[::1]:7701,[::1]:7702", "--node", "[::1]:7702"])
+    assert o["listen"] == "tcp:7702:interface=\\:\\:1"
