@@ -141,13 +141,14 @@ class Node:
 
     def start(self, wait: bool = True, timeout: float = 15.0) -> "Node":
         self.starts += 1
-        self.process = subprocess.Popen(
-            self.command(),
-            env=twistdEnvironment(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(self.logDir, f"{self.name}.stderr"), "ab"),
-        )
+        with open(os.path.join(self.logDir, f"{self.name}.stderr"), "ab") as stderr:
+            self.process = subprocess.Popen(
+                self.command(),
+                env=twistdEnvironment(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         if wait:
             self.waitReady(timeout)
         return self
