@@ -22,7 +22,6 @@ import argparse
 import json
 import random
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from lockservice.client import LockClient, LockTimeout, ReleaseFailed, connect
+from lockservice.failover import summary
 from lockservice.fencing import FenceGuard, StaleToken
 from lockservice.harness import Cluster, activeNodes, firstGrant, twistdEnvironment
 from lockservice.proxy import FaultProxy
@@ -521,11 +521,7 @@ class Chaos:
         faults: Dict[str, int] = {}
         for f in h.faults:
             faults[f.kind] = faults.get(f.kind, 0) + 1
-        gaps = {
-            kind: {"p50_ms": round(statistics.median(v) * 1000, 1),
-                   "max_ms": round(max(v) * 1000, 1), "n": len(v)}
-            for kind, v in h.gaps.items()
-        }
+        gaps = {kind: summary(v) for kind, v in h.gaps.items()}
         outcomes: Dict[str, int] = {}
         for a in h.acquires:
             outcomes[a.outcome or "pending"] = outcomes.get(a.outcome or "pending", 0) + 1
