@@ -11,7 +11,7 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater, react
 
 from lockservice.client import connect
-from lockservice.fencing import FenceGuard
+from lockservice.client import FenceGuard
 
 counter = {"value": 0}
 guard = FenceGuard()

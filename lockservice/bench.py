@@ -273,7 +273,7 @@ def echoServer(port: int) -> None:
 
 
 def _startEcho(port: int) -> subprocess.Popen:  # type: ignore[type-arg]
-    from lockservice.harness import ping
+    from lockservice.testing.harness import ping
 
     proc = subprocess.Popen([sys.executable, "-m", "lockservice.bench", "echo-server",
                              "--port", str(port)])
@@ -290,7 +290,7 @@ def _startEcho(port: int) -> subprocess.Popen:  # type: ignore[type-arg]
 
 
 def suite(duration: float, conns: List[int], depth: int, out=print) -> List[Dict[str, Any]]:  # type: ignore[no-untyped-def]
-    from lockservice.harness import Node, freePort
+    from lockservice.testing.harness import Node, freePort
 
     node = Node(freePort()).start()
     echoPort = freePort()
@@ -337,7 +337,7 @@ def memory(keys: int, idle: int) -> Dict[str, Any]:
     """
     import resource
 
-    from lockservice.harness import LineClient, Node, freePort
+    from lockservice.testing.harness import LineClient, Node, freePort
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = idle + 1024

@@ -89,7 +89,7 @@ def formatStatus(s: Dict[str, Any]) -> str:
 
 
 async def _connected(reactor: Any, addr: str) -> Any:
-    from lockservice.client import NoConnection, connect
+    from lockservice.client.api import NoConnection, connect
 
     client = connect(reactor, addr)
     try:
@@ -101,7 +101,7 @@ async def _connected(reactor: Any, addr: str) -> Any:
 
 
 async def _acquire(reactor: Any, client: Any, key: str, lease: float, wait: float) -> Any:
-    from lockservice.client import LockRejected, LockTimeout, NoConnection
+    from lockservice.client.api import LockRejected, LockTimeout, NoConnection
 
     try:
         return await client.acquire(key, lease, wait)
@@ -124,7 +124,7 @@ async def acquireCommand(reactor: Any, args: argparse.Namespace) -> int:
 
 
 async def releaseCommand(reactor: Any, args: argparse.Namespace) -> int:
-    from lockservice.client import Lock, ReleaseFailed
+    from lockservice.client.api import Lock, ReleaseFailed
 
     client = await _connected(reactor, args.addr)
     try:

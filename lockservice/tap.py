@@ -14,12 +14,13 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 
-from lockservice.clock import useMonotonicTime, wallMicros
-from lockservice.protocol import LockFactory
-from lockservice.service import LockService
+from lockservice.internals import raiseBindErrorsAtStart
+from lockservice.server.clock import useMonotonicTime, wallMicros
+from lockservice.server.protocol import LockFactory
+from lockservice.server.service import LockService
 
 if TYPE_CHECKING:
-    from lockservice.cluster import Cluster
+    from lockservice.cluster.node import Cluster
 
 DEFAULT_PORT = 7700
 
@@ -221,7 +222,7 @@ def makeService(config: Options) -> IService:
     locks.setServiceParent(root)
     cluster = None
     if len(config["peerList"]) > 1:
-        from lockservice.cluster import Cluster
+        from lockservice.cluster.node import Cluster
 
         cluster = Cluster(
             reactor,
@@ -234,13 +235,13 @@ def makeService(config: Options) -> IService:
         )
         cluster.setServiceParent(root)
         root.cluster = cluster
-    factory = LockFactory(locks, cluster)
+    factory = LockFactory(locks, cluster.acceptPeer if cluster is not None else None)
     listener = StreamServerEndpointService(serverFromString(reactor, config["listen"]), factory)
     # A port that cannot be bound must stop twistd, not leave a deaf node.
-    listener._raiseSynchronously = True
+    raiseBindErrorsAtStart(listener)
     listener.setServiceParent(root)
     if config["http"]:
-        from lockservice.http import makeHTTPService
+        from lockservice.server.http import makeHTTPService
 
         makeHTTPService(reactor, config["http"], locks, cluster).setServiceParent(root)
     return root

@@ -8,7 +8,7 @@ from typing import Callable, Iterator, List
 
 import pytest
 
-from lockservice.harness import Cluster, Node, freePort
+from lockservice.testing.harness import Cluster, Node, freePort
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ def test_bench_runs_every_scenario_briefly(spawn) -> None:  # type: ignore[no-un
 
 
 def test_echo_ceiling_and_table() -> None:
-    from lockservice.harness import freePort
+    from lockservice.testing.harness import freePort
 
     port = freePort()
     echo = bench._startEcho(port)

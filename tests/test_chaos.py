@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from lockservice.harness import twistdEnvironment
+from lockservice.testing.harness import twistdEnvironment
 
 pytestmark = pytest.mark.chaos
 
@@ -32,7 +32,7 @@ def test_short_chaos_run_passes_every_checker() -> None:
 
 
 def test_checkers_count_what_they_should() -> None:
-    from lockservice.chaos import (
+    from lockservice.verify.chaos import (
         Access,
         AcquireRecord,
         Fault,

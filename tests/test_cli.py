@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from lockservice.harness import LineClient, freePort, twistdEnvironment, waitFor
+from lockservice.testing.harness import LineClient, freePort, twistdEnvironment, waitFor
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:  # type: ignore[type-arg]

@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from lockservice.client import (
+from lockservice.client.api import (
     Lock,
     LockRejected,
     LockTimeout,

@@ -10,8 +10,8 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
-from lockservice.client import LockTimeout, connect
-from lockservice.proxy import FaultProxy
+from lockservice.client.api import LockTimeout, connect
+from lockservice.testing.proxy import FaultProxy
 
 
 def sleep(seconds: float):  # type: ignore[no-untyped-def]
@@ -94,7 +94,7 @@ def test_documented_example_runs_against_a_local_node(spawn) -> None:  # type: i
 
     node = spawn()
     example = Path(__file__).resolve().parent.parent / "examples" / "counter.py"
-    from lockservice.harness import twistdEnvironment
+    from lockservice.testing.harness import twistdEnvironment
 
     out = subprocess.run(
         [sys.executable, str(example), node.address],
@@ -107,7 +107,7 @@ def test_documented_example_runs_against_a_local_node(spawn) -> None:  # type: i
 @pytest.mark.slow
 @pytest_twisted.ensureDeferred
 async def test_client_follows_redirects_and_survives_failover(cluster) -> None:  # type: ignore[no-untyped-def]
-    from lockservice.harness import activeNodes, waitFor
+    from lockservice.testing.harness import activeNodes, waitFor
 
     c = cluster(3)
     first, second, third = c.nodes

@@ -8,7 +8,7 @@ import time
 
 from twisted.internet.selectreactor import SelectReactor
 
-from lockservice.clock import useMonotonicTime, wallMicros
+from lockservice.server.clock import useMonotonicTime, wallMicros
 
 
 def test_reactor_switches_to_monotonic_and_keeps_pending_delays() -> None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from lockservice.harness import LineClient, activeNodes, probeRole, waitFor
+from lockservice.testing.harness import LineClient, activeNodes, probeRole, waitFor
 
 pytestmark = pytest.mark.slow
 

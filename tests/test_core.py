@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lockservice.core import MAX_TOKEN, LockTable, TokenExhausted, TokenIssuer, Waiter
+from lockservice.core.table import MAX_TOKEN, LockTable, TokenExhausted, TokenIssuer, Waiter
 
 
 class FakeWall:

@@ -4,7 +4,7 @@ The pure election rules.
 
 from __future__ import annotations
 
-from lockservice.election import (
+from lockservice.core.election import (
     ACTIVE,
     HANDING_OFF,
     LEAVING,

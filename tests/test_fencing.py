@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from lockservice.fencing import FenceGuard, StaleToken
+from lockservice.client.fencing import FenceGuard, StaleToken
 
 
 def test_rising_tokens_admitted_and_lower_rejected() -> None:

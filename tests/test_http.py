@@ -12,8 +12,8 @@ import pytest_twisted
 import treq
 from treq.testing import StubTreq
 
-from lockservice.harness import LineClient, Node, freePort, waitFor
-from lockservice.http import makeRoot
+from lockservice.server.http import makeRoot
+from lockservice.testing.harness import LineClient, Node, freePort, waitFor
 from tests.test_protocol import Node as ProtocolNode
 
 

@@ -11,9 +11,9 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from lockservice.election import STANDBY
-from lockservice.protocol import LockFactory, LockProtocol
-from lockservice.service import LockService
+from lockservice.core.election import STANDBY
+from lockservice.server.protocol import LockFactory, LockProtocol
+from lockservice.server.service import LockService
 
 T0 = 1_700_000_000_000_000  # wall clock, microseconds
 

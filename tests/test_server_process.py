@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from lockservice.harness import LineClient, Node, freePort, twistdEnvironment
+from lockservice.testing.harness import LineClient, Node, freePort, twistdEnvironment
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 

@@ -15,6 +15,8 @@ import heapq
 import time
 from typing import Any
 
+from lockservice.internals import newTimedCalls, pendingTimedCalls
+
 
 def wallMicros() -> int:
     """
@@ -33,10 +35,9 @@ def useMonotonicTime(reactor: Any) -> None:
     if reactor.seconds is time.monotonic:
         return
     offset = time.monotonic() - reactor.seconds()
-    pending = getattr(reactor, "_pendingTimedCalls", None)
-    new = getattr(reactor, "_newTimedCalls", None)
-    if pending is not None and new is not None:
-        calls = pending + new
+    pending = pendingTimedCalls(reactor)
+    if pending is not None:
+        calls = pending + newTimedCalls(reactor)
     else:
         calls = list(reactor.getDelayedCalls())
     for call in calls:

@@ -12,18 +12,23 @@ from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
 from math import inf
-from typing import TYPE_CHECKING, Callable, List, Optional, Protocol, Tuple, cast
+from typing import Callable, Iterator, List, Optional, Protocol, Set, Tuple, cast
 
 from twisted.application.service import Service
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from lockservice import wire
-from lockservice.core import Grant, LockTable, TokenExhausted, TokenIssuer, Waiter
-from lockservice.election import ACTIVE, HANDING_OFF
+from lockservice.core import wire
+from lockservice.core.election import ACTIVE, HANDING_OFF
+from lockservice.core.table import Grant, Holder, LockTable, TokenExhausted, TokenIssuer, Waiter
 
-if TYPE_CHECKING:
-    from lockservice.protocol import LockProtocol
+
+class AnswerSink(Protocol):
+    """
+    Where a queued acquire's answer goes (a client connection).
+    """
+
+    def finish(self, waiter: "PendingAcquire", answer: bytes) -> None: ...
 
 
 class PendingAcquire(Waiter):
@@ -33,7 +38,7 @@ class PendingAcquire(Waiter):
 
     __slots__ = ("conn", "timer", "answer")
 
-    def __init__(self, key: bytes, lease: float, conn: "LockProtocol") -> None:
+    def __init__(self, key: bytes, lease: float, conn: AnswerSink) -> None:
         super().__init__(key, lease)
         self.conn = conn
         self.timer: Optional[IDelayedCall] = None
@@ -90,7 +95,7 @@ class LockService(Service):
         self.role = ACTIVE
         self.activeAddress: Optional[bytes] = None
         self.startedAt = clock.seconds()
-        self.connections: "set[LockProtocol]" = set()
+        self.connections: Set[object] = set()
         self._deadlines: List[Tuple[float, bytes, int]] = []
         self._alarm: Optional[IDelayedCall] = None
         self._alarmAt = inf
@@ -119,6 +124,55 @@ class LockService(Service):
                 self._cancelWaitTimer(waiter)
                 self.stats.redirects += 1
                 waiter.conn.finish(waiter, wire.redirect(b"A", waiter.key, activeAddress))
+
+    # -- the interface the cluster layer drives ----------------------------
+
+    def setActiveAddress(self, activeAddress: Optional[bytes]) -> None:
+        """
+        Where redirects (C{M}) point while this node is not active.
+        """
+        self.activeAddress = activeAddress
+
+    def lastToken(self) -> int:
+        """
+        The highest fencing token this node has issued or learned.
+        """
+        return self.table.tokens.last
+
+    def observeToken(self, token: int) -> None:
+        """
+        Fold in a token learned from a peer (tokens must rise cluster-wide).
+        """
+        self.table.tokens.observe(token)
+
+    def heldKeys(self) -> Iterator[Tuple[bytes, Holder]]:
+        """
+        Every held key with its current grant (for snapshots and status).
+        """
+        return self.table.holders()
+
+    def heldCount(self) -> int:
+        return len(self.table)
+
+    def installHolder(self, key: bytes, token: int, remaining: float) -> None:
+        """
+        Mirror a grant learned by replication: C{key} held by C{token} for
+        C{remaining} more seconds.
+        """
+        now = self.clock.seconds()
+        self.table.install(key, token, now, now + remaining)
+
+    def dropHolder(self, key: bytes, token: int) -> None:
+        """
+        Mirror a release or expiry learned by replication.
+        """
+        self.table.drop(key, token)
+
+    def clearHolders(self) -> None:
+        """
+        Forget every held key (a full snapshot follows).
+        """
+        self.table.clear()
 
     # -- requests from connections ---------------------------------------
 

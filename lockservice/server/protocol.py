@@ -6,7 +6,7 @@ The client line protocol: parse a line, ask the service, write the answer.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Protocol
 
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.protocol import Factory
@@ -14,14 +14,27 @@ from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from lockservice import wire
-from lockservice.service import LockService, PendingAcquire
+from lockservice.core import wire
+from lockservice.internals import nothingBuffered, plainSocket
+from lockservice.server.service import LockService, PendingAcquire
 from lockservice.tcp import noDelay
 
-if TYPE_CHECKING:
-    from lockservice.cluster import Cluster
-
 PEER_HELLO = b"HELLO"
+
+
+class PeerHandler(Protocol):
+    """
+    What takes over a connection whose first line was a peer C{HELLO}.
+    """
+
+    def dataReceived(self, data: bytes) -> None: ...
+
+    def connectionLost(self, reason: Failure) -> None: ...
+
+
+# Given the transport and the HELLO line, returns the handler that gets
+# every later byte of that connection (the cluster layer provides it).
+PeerAcceptor = Callable[[Any, bytes], PeerHandler]
 
 
 @implementer(IHalfCloseableProtocol)
@@ -46,7 +59,7 @@ class LockProtocol(LineOnlyReceiver):
     def __init__(self) -> None:
         self._pending: Dict[bytes, Deque[PendingAcquire]] = {}
         self._seenRequest = False
-        self.peer: Optional[object] = None
+        self.peer: Optional[PeerHandler] = None
         self._batch: Optional[List[bytes]] = None
         self._socket: Any = None
         self._readClosed = False
@@ -58,8 +71,7 @@ class LockProtocol(LineOnlyReceiver):
         noDelay(self.transport)
         # A plain TCP transport lets us send straight to the socket; any
         # other transport (TLS, tests) goes through transport.write().
-        if hasattr(self.transport, "_tempDataBuffer") and hasattr(self.transport, "socket"):
-            self._socket = self.transport.socket  # type: ignore[union-attr]
+        self._socket = plainSocket(self.transport)
 
     # -- writing ---------------------------------------------------------
 
@@ -74,17 +86,10 @@ class LockProtocol(LineOnlyReceiver):
             self._send(data)
 
     def _send(self, data: bytes) -> None:
-        # Twisted's transport.write() buffers until the reactor's next
-        # write-readiness round (two epoll_ctl calls and one more loop
-        # iteration per answer).  When nothing is buffered we send at once
-        # and hand only what the kernel did not take to the transport.
+        # When nothing is buffered we send at once and hand only what the
+        # kernel did not take to the transport (see internals.nothingBuffered).
         transport: Any = self.transport
-        if (
-            self._socket is not None
-            and not transport._tempDataLen
-            and transport.offset == len(transport.dataBuffer)
-            and not transport.disconnecting
-        ):
+        if self._socket is not None and nothingBuffered(transport):
             try:
                 sent = self._socket.send(data)
             except BlockingIOError:
@@ -100,7 +105,7 @@ class LockProtocol(LineOnlyReceiver):
 
     def dataReceived(self, data: bytes) -> None:
         if self.peer is not None:
-            self.peer.dataReceived(data)  # type: ignore[attr-defined]
+            self.peer.dataReceived(data)
             return
         self._batch = []
         try:
@@ -129,7 +134,7 @@ class LockProtocol(LineOnlyReceiver):
                 if batch:
                     self._send(b"".join(batch))
                 if rest:
-                    self.peer.dataReceived(rest)  # type: ignore[attr-defined]
+                    self.peer.dataReceived(rest)
                 return
             if self.transport.disconnecting:  # type: ignore[union-attr]
                 return
@@ -150,8 +155,12 @@ class LockProtocol(LineOnlyReceiver):
             return
         if not self._seenRequest:
             self._seenRequest = True
-            if line.startswith(PEER_HELLO + b" ") and self.factory.cluster is not None:
-                self.peer = self.factory.cluster.acceptPeer(self, line)
+            acceptPeer = self.factory.peerAcceptor
+            if line.startswith(PEER_HELLO + b" ") and acceptPeer is not None:
+                # No longer a client connection: it carries the cluster's
+                # peer protocol from now on.
+                self.service.connections.discard(self)
+                self.peer = acceptPeer(self.transport, line)
                 return
         service = self.service
         try:
@@ -203,7 +212,7 @@ class LockProtocol(LineOnlyReceiver):
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         if self.peer is not None:
-            self.peer.connectionLost(reason)  # type: ignore[attr-defined]
+            self.peer.connectionLost(reason)
             self.peer = None
         self.service.connections.discard(self)
         for queue in self._pending.values():
@@ -220,6 +229,6 @@ class LockFactory(Factory):
     protocol = LockProtocol  # type: ignore[assignment]
     noisy = False
 
-    def __init__(self, service: LockService, cluster: "Optional[Cluster]" = None) -> None:
+    def __init__(self, service: LockService, peerAcceptor: Optional[PeerAcceptor] = None) -> None:
         self.service = service
-        self.cluster = cluster
+        self.peerAcceptor = peerAcceptor

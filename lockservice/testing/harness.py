@@ -16,12 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
-
-import lockservice
-
-_SOURCE_ROOT = Path(lockservice.__file__).resolve().parent.parent
 
 
 def freePort() -> int:
@@ -44,15 +39,11 @@ def freePorts(count: int) -> List[int]:
 
 def twistdEnvironment() -> Dict[str, str]:
     """
-    The environment for a child twistd: when running from a source tree,
-    put it on PYTHONPATH so its C{twisted/plugins} is found.
+    The environment for a child twistd: this process's own.  The child finds
+    the plugin wherever lockservice is installed (a wheel, or the
+    development install of the README, which exposes C{twisted/plugins}).
     """
-    env = dict(os.environ)
-    if (_SOURCE_ROOT / "twisted" / "plugins" / "lockservice_plugin.py").exists():
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(_SOURCE_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-        )
-    return env
+    return dict(os.environ)
 
 
 class LineClient:

@@ -36,7 +36,7 @@ from twisted.logger import Logger
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
-from lockservice import wire
+from lockservice.core import wire
 from lockservice.tcp import clientEndpoint, noDelay
 
 RECONNECT_INTERVAL = 3.0

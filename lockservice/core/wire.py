@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_wire -*-
+# -*- test-case-name: tests.test_protocol -*-
 """
 Parsing and formatting of the client line protocol (SPEC section 3).
 
@@ -11,7 +11,7 @@ import re
 from decimal import Decimal
 from typing import List, Optional, Union
 
-from lockservice.core import MAX_TOKEN
+from lockservice.core.table import MAX_TOKEN
 
 MAX_LINE = 4096
 MAX_KEY = 250

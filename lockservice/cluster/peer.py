@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_peer -*-
+# -*- test-case-name: tests.test_cluster -*-
 """
 Peer connections: the handshake that proves knowledge of the shared
 secret, then a line channel carrying cluster messages.
@@ -19,16 +19,37 @@ from __future__ import annotations
 import hmac
 import os
 from hashlib import sha256
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
+from typing import Protocol as TypingProtocol
 
-from twisted.internet.interfaces import IDelayedCall, ITransport
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, ITransport
 from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from lockservice.tcp import noDelay
 
-if TYPE_CHECKING:
-    from lockservice.cluster import Cluster
+
+class ChannelOwner(TypingProtocol):
+    """
+    What a peer channel needs from the node that owns it: the cluster's
+    configuration for the handshake, and a listener for channel events.
+    """
+
+    clock: IReactorTime
+    log: Logger
+    peers: List[bytes]
+    me: int
+    myEntry: bytes
+    secret: bytes
+
+    def indexOf(self, entry: bytes) -> Optional[int]: ...
+
+    def channelUp(self, channel: "PeerChannel") -> None: ...
+
+    def channelLost(self, channel: "PeerChannel") -> None: ...
+
+    def peerMessage(self, channel: "PeerChannel", fields: List[bytes]) -> None: ...
 
 PROTOCOL_VERSION = b"1"
 HANDSHAKE_TIMEOUT = 5.0
@@ -53,7 +74,7 @@ class PeerChannel:
         replication stream on this channel.
     """
 
-    def __init__(self, cluster: "Cluster", transport: ITransport, outbound: bool,
+    def __init__(self, cluster: ChannelOwner, transport: ITransport, outbound: bool,
                  remote: Optional[int] = None) -> None:
         self.cluster = cluster
         self.transport = transport
@@ -162,7 +183,7 @@ class PeerClientProtocol(Protocol):
     The connecting side of a peer link (driven by a ClientService).
     """
 
-    def __init__(self, cluster: "Cluster", remote: int) -> None:
+    def __init__(self, cluster: ChannelOwner, remote: int) -> None:
         self.cluster = cluster
         self.remote = remote
         self.channel: Optional[PeerChannel] = None
@@ -182,7 +203,7 @@ class PeerClientProtocol(Protocol):
             self.channel.connectionLost(reason)
 
 
-def acceptChannel(cluster: "Cluster", transport: Any, hello: bytes) -> PeerChannel:
+def acceptChannel(cluster: ChannelOwner, transport: Any, hello: bytes) -> PeerChannel:
     """
     Turn a client connection whose first line was C{HELLO} into a peer channel.
     """

@@ -2,24 +2,22 @@
 """
 Prometheus metrics through prometheus_client.
 
-Counters live as plain integers in L{lockservice.service.Stats} (cheap on
+Counters live as plain integers in L{lockservice.server.service.Stats} (cheap on
 the hot path) and are read at scrape time by a custom collector; the two
 histograms are observed as grants and releases happen.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lockservice.election import ROLES
-from lockservice.service import LockService
-
-if TYPE_CHECKING:
-    from lockservice.cluster import Cluster
+from lockservice.core.election import ROLES
+from lockservice.server.clusterview import ClusterView
+from lockservice.server.service import LockService
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -27,7 +25,7 @@ _BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 3
 
 
 class _StatsCollector(Collector):
-    def __init__(self, locks: LockService, cluster: "Optional[Cluster]") -> None:
+    def __init__(self, locks: LockService, cluster: Optional[ClusterView]) -> None:
         self.locks = locks
         self.cluster = cluster
 
@@ -84,7 +82,7 @@ class Metrics:
     the histograms.
     """
 
-    def __init__(self, locks: LockService, cluster: "Optional[Cluster]" = None) -> None:
+    def __init__(self, locks: LockService, cluster: Optional[ClusterView] = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_StatsCollector(locks, cluster))
         self.acquireWait = Histogram(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
@@ -17,16 +17,15 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 
 import lockservice
-from lockservice.metrics import CONTENT_TYPE, Metrics
-from lockservice.service import LockService
-
-if TYPE_CHECKING:
-    from lockservice.cluster import Cluster
+from lockservice.internals import raiseBindErrorsAtStart
+from lockservice.server.clusterview import ClusterView
+from lockservice.server.metrics import CONTENT_TYPE, Metrics
+from lockservice.server.service import LockService
 
 LOCKS_LIMIT = 1000
 
 
-def status(locks: LockService, cluster: "Optional[Cluster]") -> Dict[str, Any]:
+def status(locks: LockService, cluster: Optional[ClusterView]) -> Dict[str, Any]:
     """
     This node and what it knows of the cluster, as plain data.
     """
@@ -108,7 +107,7 @@ class _NodeResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, locks: LockService, cluster: "Optional[Cluster]") -> None:
+    def __init__(self, locks: LockService, cluster: Optional[ClusterView]) -> None:
         super().__init__()
         self.locks = locks
         self.cluster = cluster
@@ -190,7 +189,7 @@ class _Root(Resource):
         return notFound()
 
 
-def makeRoot(locks: LockService, cluster: "Optional[Cluster]") -> Resource:
+def makeRoot(locks: LockService, cluster: Optional[ClusterView]) -> Resource:
     metrics = Metrics(locks, cluster)
     wrapper = _Root()
     wrapper.putChild(b"", PageResource(locks, cluster))
@@ -201,10 +200,10 @@ def makeRoot(locks: LockService, cluster: "Optional[Cluster]") -> Resource:
 
 
 def makeHTTPService(reactor: Any, description: str, locks: LockService,
-                    cluster: "Optional[Cluster]") -> StreamServerEndpointService:
+                    cluster: Optional[ClusterView]) -> StreamServerEndpointService:
     site = Site(makeRoot(locks, cluster))
     site.noisy = False
     site.log = lambda request: None  # type: ignore[method-assign, assignment]
     service = StreamServerEndpointService(serverFromString(reactor, description), site)
-    service._raiseSynchronously = True
+    raiseBindErrorsAtStart(service)
     return service

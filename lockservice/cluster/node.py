@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.test_cluster -*-
 """
 The cluster layer: peer links, heartbeats, replication, promotion,
 graceful handoff and split-brain demotion (SPEC section 4).
@@ -25,7 +25,7 @@ arrive in order.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, cast
+from typing import Dict, List, Optional
 
 from twisted.application.internet import ClientService
 from twisted.application.service import Service
@@ -33,10 +33,11 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Factory
 from twisted.internet.task import LoopingCall, deferLater
-from twisted.logger import ILogObserver, Logger
+from twisted.logger import Logger
 
-from lockservice import election
-from lockservice.election import (
+from lockservice.cluster.peer import PeerChannel, PeerClientProtocol, acceptChannel
+from lockservice.core import election
+from lockservice.core.election import (
     ACTIVE,
     HANDING_OFF,
     LEAVING,
@@ -46,8 +47,8 @@ from lockservice.election import (
     PeerView,
     SelfView,
 )
-from lockservice.peer import PeerChannel, PeerClientProtocol, acceptChannel
-from lockservice.service import LockService
+from lockservice.internals import QuietClientService
+from lockservice.server.service import LockService
 from lockservice.tcp import clientEndpoint
 
 PEER_RETRY = 0.25
@@ -62,12 +63,6 @@ class _Handoff:
         self.stopping = stopping
         self.done: "Deferred[bool]" = Deferred()
         self.timer: Optional[IDelayedCall] = None
-
-
-class _QuietClientService(ClientService):
-    # The peer links retry every 0.25 s while a peer is down: ClientService
-    # would log every attempt.  Peer loss is logged once, by the cluster.
-    _log = Logger(observer=cast(ILogObserver, lambda event: None))
 
 
 class _PeerLinkFactory(Factory):
@@ -155,7 +150,7 @@ class Cluster(Service):
             host, _, port = self.peers[j].decode().rpartition(":")
             endpoint = clientEndpoint(self.reactor, host, int(port), timeout=2)
             factory = _PeerLinkFactory(self, j)
-            link = _QuietClientService(endpoint, factory, retryPolicy=lambda _: PEER_RETRY,
+            link = QuietClientService(endpoint, factory, retryPolicy=lambda _: PEER_RETRY,
                                  clock=self.clock)
             link.startService()
             self._links.append(link)
@@ -223,7 +218,7 @@ class Cluster(Service):
     def heartbeatLine(self) -> bytes:
         leader = str(self.leader).encode() if self.leader is not None else b"-"
         return b"HB %d %s %s %d" % (self.term, self.role.encode(), leader,
-                                    self.locks.table.tokens.last)
+                                    self.locks.lastToken())
 
     def broadcastHeartbeat(self) -> None:
         # On both directions' links: a peer hears us as soon as either link
@@ -239,12 +234,12 @@ class Cluster(Service):
 
     # -- channels --------------------------------------------------------------
 
-    def acceptPeer(self, protocol: object, hello: bytes) -> PeerChannel:
+    def acceptPeer(self, transport: object, hello: bytes) -> PeerChannel:
         """
-        A client connection opened with HELLO: it becomes a peer channel.
+        A client connection opened with HELLO: it becomes a peer channel
+        (the server's C{peerAcceptor}).
         """
-        self.locks.connections.discard(protocol)  # type: ignore[arg-type]
-        return acceptChannel(self, protocol.transport, hello)  # type: ignore[attr-defined]
+        return acceptChannel(self, transport, hello)
 
     def channelUp(self, channel: PeerChannel) -> None:
         j = channel.remote
@@ -286,19 +281,17 @@ class Cluster(Service):
                 self._heartbeat(j, fields)
             elif kind in (b"G", b"H"):
                 if self._fromLeader(j, channel):
-                    now = self.clock.seconds()
-                    self.locks.table.install(fields[1], int(fields[2]), now,
-                                             now + int(fields[3]) / 1e6)
+                    self.locks.installHolder(fields[1], int(fields[2]), int(fields[3]) / 1e6)
             elif kind == b"D":
                 if self._fromLeader(j, channel):
-                    self.locks.table.drop(fields[1], int(fields[2]))
+                    self.locks.dropHolder(fields[1], int(fields[2]))
             elif kind == b"SYNC":
                 self._sendSnapshot(channel)
                 channel.replicating = True
             elif kind == b"SNAP":
                 if self._fromLeader(j, channel):
-                    self.locks.table.clear()
-                    self.locks.table.tokens.observe(int(fields[2]))
+                    self.locks.clearHolders()
+                    self.locks.observeToken(int(fields[2]))
                     self._learnTerm(int(fields[1]))
             elif kind == b"SNAPEND":
                 if self._fromLeader(j, channel) and self.role == SYNCING:
@@ -330,7 +323,7 @@ class Cluster(Service):
         view.term = int(fields[1])
         view.role = role if role in election.ROLES else SYNCING
         view.leader = None if fields[3] == b"-" else int(fields[3])
-        self.locks.table.tokens.observe(int(fields[4]))
+        self.locks.observeToken(int(fields[4]))
         self._learnTerm(view.term)
         self.lastHeard[j] = self.clock.seconds()
         if not view.alive and self._linked(j):
@@ -351,7 +344,7 @@ class Cluster(Service):
         )
         if action is not None and not self._stopping:
             self._act(action)
-        self.locks.activeAddress = self.activeAddress()
+        self.locks.setActiveAddress(self.activeAddress())
 
     def _act(self, action: Action) -> None:
         if action.kind == "promote":
@@ -391,7 +384,7 @@ class Cluster(Service):
         self.promotions += 1
         self._setRole(ACTIVE)
         self.log.warn("promoted to active (term {term}) with {keys} held keys",
-                      term=self.term, keys=len(self.locks.table))
+                      term=self.term, keys=self.locks.heldCount())
         self.broadcastHeartbeat()
 
     def _follow(self, j: int) -> None:
@@ -420,11 +413,10 @@ class Cluster(Service):
 
     def _sendSnapshot(self, channel: PeerChannel) -> None:
         now = self.clock.seconds()
-        table = self.locks.table
-        lines = [b"SNAP %d %d" % (self.term, table.tokens.last)]
+        lines = [b"SNAP %d %d" % (self.term, self.locks.lastToken())]
         lines.extend(
             b"H %s %d %d" % (key, holder.token, int((holder.expiresAt - now) * 1e6))
-            for key, holder in table.holders()
+            for key, holder in self.locks.heldKeys()
         )
         lines.append(b"SNAPEND")
         channel.sendMany(lines)
@@ -463,7 +455,7 @@ class Cluster(Service):
         self.promotions += 1
         self._setRole(ACTIVE)
         self.log.warn("took over from {peer} by handoff (term {term}) with {keys} held keys",
-                      peer=self.peers[j].decode(), term=term, keys=len(self.locks.table))
+                      peer=self.peers[j].decode(), term=term, keys=self.locks.heldCount())
         channel.send(b"TAKEN %d" % term)
         self.broadcastHeartbeat()
 

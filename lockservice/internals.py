@@ -1,0 +1,91 @@
+# -*- test-case-name: tests.test_internals -*-
+"""
+Every use of a private Twisted internal, in one place.
+
+Each one buys something the public API does not offer; each is guarded so
+that a Twisted release that renames the internal degrades to the public
+behaviour instead of breaking, and tests/test_internals.py checks each on
+the oldest and the newest Twisted of the tox matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, cast
+
+from twisted.application.internet import ClientService, StreamServerEndpointService
+from twisted.logger import ILogObserver, Logger
+
+
+def plainSocket(transport: Any) -> Any:
+    """
+    The socket under C{transport} when answers may be sent straight to it:
+    a plain TCP connection only.  Never for TLS (a TLS transport forwards
+    unknown attributes to the TCP transport below it, so duck typing would
+    find the raw socket and send answers in the clear), never for a test
+    transport.
+
+    @return: the socket, or None to use C{transport.write}.
+    """
+    from twisted.internet.tcp import Connection
+
+    if type(transport).__module__ != "twisted.internet.tcp" or not isinstance(
+        transport, Connection
+    ):
+        return None
+    if getattr(transport, "TLS", True):
+        return None  # startTLS on this connection, or an unknown layout
+    if not all(hasattr(transport, a) for a in ("_tempDataLen", "dataBuffer", "offset")):
+        return None
+    return transport.socket
+
+
+def nothingBuffered(transport: Any) -> bool:
+    """
+    True when C{transport} (one for which L{plainSocket} gave a socket) has
+    no unsent bytes of its own, so a direct C{send} keeps the byte order.
+
+    Twisted's C{transport.write()} buffers until the reactor's next
+    write-readiness round (two epoll_ctl calls and one more loop iteration
+    per answer); sending at once saves that on the hot path.
+    """
+    return (
+        not transport._tempDataLen
+        and transport.offset == len(transport.dataBuffer)
+        and not transport.disconnecting
+    )
+
+
+def pendingTimedCalls(reactor: Any) -> Optional[List[Any]]:
+    """
+    Every scheduled call of C{reactor}, including those not yet moved into
+    its heap, or None when the reactor's layout is unknown.  Needed to move
+    them to a new time base (L{lockservice.server.clock.useMonotonicTime}).
+    """
+    pending = getattr(reactor, "_pendingTimedCalls", None)
+    new = getattr(reactor, "_newTimedCalls", None)
+    if pending is None or new is None:
+        return None
+    return cast(List[Any], pending)
+
+
+def newTimedCalls(reactor: Any) -> List[Any]:
+    return cast(List[Any], getattr(reactor, "_newTimedCalls", []))
+
+
+def raiseBindErrorsAtStart(service: StreamServerEndpointService) -> None:
+    """
+    Make C{startService} raise when the port cannot be bound, so twistd
+    stops with an error instead of running a deaf node.  (Public API only
+    logs the failure.)
+    """
+    service._raiseSynchronously = True
+
+
+class QuietClientService(ClientService):
+    """
+    A ClientService that does not log each connection attempt: peer links
+    retry every 0.25 s while a peer is down, and the cluster logs the loss
+    of a peer once itself.
+    """
+
+    _log = Logger(observer=cast(ILogObserver, lambda event: None))

@@ -1,0 +1,23 @@
+"""
+What the status page and the metrics read of the cluster layer.
+
+The server never imports the cluster package (an import-linter contract):
+the cluster object handed to the HTTP resources only has to look like this.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Protocol
+
+from lockservice.core.election import PeerView
+
+
+class ClusterView(Protocol):
+    myEntry: bytes
+    peers: List[bytes]
+    term: int
+    promotions: int
+    views: Dict[int, PeerView]
+    lastHeard: Dict[int, float]
+
+    def activeAddress(self) -> Optional[bytes]: ...

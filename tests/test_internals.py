@@ -1,0 +1,113 @@
+"""
+The private Twisted internals of lockservice.internals still behave as we
+rely on, on whichever Twisted this run uses (tox runs the oldest and the
+newest supported).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, List
+
+import pytest
+import pytest_twisted
+from twisted.application.internet import StreamServerEndpointService
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.testing import StringTransport
+
+from lockservice import internals
+
+
+class _Keep(Protocol):
+    made: "Deferred[Any]"
+
+    def connectionMade(self) -> None:
+        self.made.callback(self.transport)
+
+
+def test_plainSocketNotForTestTransports() -> None:
+    assert internals.plainSocket(StringTransport()) is None
+
+
+def test_plainSocketNotForWrappers() -> None:
+    """
+    A wrapping transport (as TLS is) that forwards attribute look-ups to the
+    TCP transport below must not be taken for a plain socket.
+    """
+
+    class Forwarding:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+    fake = Forwarding(StringTransport())
+    fake._inner.socket = object()
+    fake._inner._tempDataLen = 0
+    assert internals.plainSocket(fake) is None
+
+
+@pytest_twisted.inlineCallbacks
+def test_plainSocketAndBufferOnRealTcp() -> Any:
+    server = Factory.forProtocol(Protocol)
+    port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(server)
+    try:
+        proto = _Keep()
+        proto.made = Deferred()
+        yield connectProtocol(
+            TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), proto
+        )
+        transport = yield proto.made
+        sock = internals.plainSocket(transport)
+        assert isinstance(sock, socket.socket)
+        assert internals.nothingBuffered(transport)
+        transport.write(b"x" * 10)  # buffered until the next write round
+        assert not internals.nothingBuffered(transport)
+        transport.loseConnection()
+    finally:
+        yield port.stopListening()
+
+
+def test_pendingTimedCallsSeesScheduledCalls() -> None:
+    call = reactor.callLater(1000, lambda: None)
+    try:
+        calls: List[Any] = (internals.pendingTimedCalls(reactor) or []) + internals.newTimedCalls(
+            reactor
+        )
+        assert call in calls
+    finally:
+        call.cancel()
+
+
+def test_raiseBindErrorsAtStart() -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        endpoint = TCP4ServerEndpoint(reactor, busy.getsockname()[1], interface="127.0.0.1")
+        service = StreamServerEndpointService(endpoint, Factory.forProtocol(Protocol))
+        internals.raiseBindErrorsAtStart(service)
+        with pytest.raises(Exception, match="[Aa]ddress"):
+            service.startService()
+    finally:
+        busy.close()
+
+
+def test_quietClientServiceLogsNothing() -> None:
+    """
+    ClientService logs each connection attempt through its class-level
+    C{_log}; the quiet subclass's logger reaches no observer.
+    """
+    from twisted.logger import globalLogPublisher
+
+    events: List[Any] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        internals.QuietClientService._log.warn("connection attempt")
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    assert events == []
