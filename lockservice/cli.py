@@ -200,13 +200,12 @@ def _signalChild(process: Any, signum: int) -> None:
 
 
 def _positiveSeconds(text: str) -> float:
+    from lockservice.core.wire import checkSeconds
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value < 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
-    return value
+        return checkSeconds(text, "seconds", positive=False)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _token(text: str) -> int:

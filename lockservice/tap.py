@@ -14,6 +14,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 
+from lockservice.core.wire import checkSeconds
 from lockservice.internals import raiseBindErrorsAtStart
 from lockservice.server.clock import useMonotonicTime, wallMicros
 from lockservice.server.protocol import LockFactory
@@ -28,14 +29,9 @@ DEFAULT_PORT = 7700
 def _seconds(name: str, positive: bool = True):  # type: ignore[no-untyped-def]
     def parse(text: str) -> float:
         try:
-            value = float(text)
-        except ValueError:
-            raise usage.UsageError(
-                f"--{name} must be a number of seconds, not {text!r}"
-            ) from None
-        if not (value > 0 if positive else value >= 0) or value != value or value == float("inf"):
-            raise usage.UsageError(f"--{name} must be a positive number of seconds")
-        return value
+            return checkSeconds(text, f"--{name}", positive=positive)
+        except ValueError as e:
+            raise usage.UsageError(str(e)) from None
 
     return parse
 

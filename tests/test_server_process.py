@@ -106,7 +106,7 @@ def test_max_lease_option_is_enforced(spawn) -> None:  # type: ignore[no-untyped
     "args, message",
     [
         (["--max-lease", "abc"], b"--max-lease must be a number"),
-        (["--max-wait", "-1"], b"--max-wait must be a positive"),
+        (["--max-wait", "-1"], b"--max-wait must be a number of seconds"),
         (["--listen", "nonsense:1"], b""),
         (["--peers", "a:1,b:2"], b"give --node"),
         (["--peers", "127.0.0.1:1,127.0.0.1:1"], b"same node twice"),

@@ -48,8 +48,8 @@ def test_node_inferred_from_local_address() -> None:
     (["--node", "a:1"], "--node needs --peers"),
     (["--peers", "nonsense"], "is not host:port"),
     (["--heartbeat", "2", "--peer-timeout", "1"], "must be longer than --heartbeat"),
-    (["--max-lease", "0"], "--max-lease must be a positive"),
-    (["--max-wait", "inf"], "--max-wait must be a positive"),
+    (["--max-lease", "0"], "--max-lease must be a number of seconds > 0"),
+    (["--max-wait", "inf"], "--max-wait must be a number of seconds"),
 ])
 def test_bad_options_exit_2_with_one_line(capsys, args, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit) as e:

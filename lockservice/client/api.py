@@ -120,10 +120,7 @@ def _encodeKey(key: Union[str, bytes]) -> bytes:
 
 
 def _seconds(value: float, name: str) -> bytes:
-    if value < 0 or value != value or value == float("inf"):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0")
-    text = f"{value:.6f}".rstrip("0").rstrip(".")
-    return text.encode()
+    return wire.formatSeconds(wire.checkSeconds(value, name, positive=False))
 
 
 class LockClientProtocol(LineOnlyReceiver):

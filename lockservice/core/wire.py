@@ -7,6 +7,7 @@ Pure functions over bytes; nothing here knows about connections.
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal
 from typing import List, Optional, Union
@@ -106,6 +107,42 @@ def parseSeconds(field: bytes, maximum: float) -> Optional[float]:
         # A tiny positive value that underflowed: keep it positive.
         return 5e-324
     return value
+
+
+def checkSeconds(
+    value: Union[str, float], name: str, *, positive: bool, maximum: float = math.inf
+) -> float:
+    """
+    The one validator for a number of seconds given by a person or a program
+    (options, CLI arguments, client library arguments).  Text must follow
+    the wire grammar C{[0-9]+(.[0-9]+)?}; a number must be finite.
+
+    @param positive: True when 0 is not allowed.
+    @raise ValueError: with a message naming C{name}.
+    """
+    rule = "> 0" if positive else ">= 0"
+    if isinstance(value, str):
+        parsed = parseSeconds(value.encode("utf-8", "replace"), math.inf)
+        if parsed is None:
+            raise ValueError(f"{name} must be a number of seconds (digits, e.g. 30 or 0.5), "
+                             f"not {value!r}")
+        number = parsed
+    else:
+        number = float(value)
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"{name} must be a finite number of seconds {rule}, not {value!r}")
+    if positive and number == 0:
+        raise ValueError(f"{name} must be a number of seconds {rule}, not {value!r}")
+    if number > maximum:
+        raise ValueError(f"{name} must be at most {maximum:g} seconds, not {value!r}")
+    return number
+
+
+def formatSeconds(value: float) -> bytes:
+    """
+    Seconds in the wire grammar (at most microsecond precision).
+    """
+    return f"{value:.6f}".rstrip("0").rstrip(".").encode() or b"0"
 
 
 def parseToken(field: bytes) -> Optional[int]:
