@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import List, Tuple
 
 import pytest
-
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
@@ -91,7 +90,7 @@ def test_renewals_are_retried_every_200ms_until_one_gets_through() -> None:
     times = []
     while clock.seconds() < 10.5:
         for c in list(net.connections):
-            for line in c.sent():
+            for _line in c.sent():
                 times.append(round(clock.seconds(), 6))
                 if len(times) < 3:
                     c.drop()
