@@ -25,13 +25,27 @@ from lockservice.core import events as ev
 from lockservice.core.events import EventRing
 from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats
-from lockservice.core.table import Waiter
 from lockservice.core.waitfor import Cycle, WaitForGraph
 
 # Why a queued acquire stopped waiting without a grant.
 TIMEOUT = ev.TIMEOUT
 WITHDRAWAL = ev.WITHDRAWAL
 REDIRECT = "redirect"
+
+
+class Waiter(Protocol):
+    """
+    A queued acquire as the monitor sees it (the table's waiters).
+    """
+
+    key: bytes
+    lease: float
+    queuedAt: float
+
+    def holderName(self) -> Optional[str]:
+        """
+        The waiting connection's name, or its peer address.
+        """
 
 
 class ActivityObserver(Protocol):
