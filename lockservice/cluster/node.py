@@ -405,6 +405,15 @@ class Cluster(Service):
             if channel.replicating:
                 channel.transport.write(line)
 
+    def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
+        # Replicated exactly like a grant: the standby's install() of the
+        # token that already holds the key only moves its expiry.
+        remaining = expiresAt - self.clock.seconds()
+        line = b"G %s %d %d\n" % (key, token, int(remaining * 1e6))
+        for channel in self.inbound.values():
+            if channel.replicating:
+                channel.transport.write(line)
+
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
         line = b"D %s %d\n" % (key, token)
         for channel in self.inbound.values():
