@@ -5,6 +5,7 @@ Load generator and benchmark suite.
     python -m lockservice.bench suite            # the whole table, echo ceiling included
     python -m lockservice.bench echo-server --port 7799
     python -m lockservice.bench memory           # 1M held keys, 10k idle connections
+    python -m lockservice.bench sync             # a standby joins an active holding 1M keys
 
 Scenarios: C{uncontended} (each connection its own keys, acquire+release
 loops) and C{contended} (every connection on one key: FIFO hand-offs).
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 SCENARIOS = ("uncontended", "contended", "echo")
 LATENCY_SAMPLES = 200_000
@@ -198,12 +199,30 @@ def _progress(total: float, label: str, stop: Any) -> None:
     print("\r" + " " * (width + 52) + "\r", end="", file=sys.stderr, flush=True)
 
 
+def _interactive() -> bool:
+    """
+    Progress bars only for a person watching: not into a file or a pipe.
+    """
+    return sys.stderr.isatty()
+
+
+def _say(message: str) -> None:
+    """
+    One line of progress for long phases (always: a long silence looks like
+    a hang, and one line per phase is fine in a log file too).
+    """
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
 def run(addr: str, scenario: str, conns: int, depth: int = 1, duration: float = 5.0,
         warmup: float = 1.0, procs: Optional[int] = None, serverPid: Optional[int] = None,
-        progress: bool = True) -> Dict[str, Any]:
+        progress: bool = True, otherPids: Sequence[int] = ()) -> Dict[str, Any]:
     """
     Drive the server at C{addr}; return pairs/s (round trips/s for echo),
-    acquire latency percentiles and, given its pid, the server's CPU use.
+    acquire latency percentiles and, given its pid, the server's CPU use
+    (percent of one core, and microseconds per pair).  C{otherPids} are
+    other servers the load reaches indirectly (a cluster's standbys): their
+    CPU per pair is reported too.
     """
     import threading
 
@@ -220,14 +239,17 @@ def run(addr: str, scenario: str, conns: int, depth: int = 1, duration: float = 
     stop = threading.Event()
     label = f"{scenario} c={conns} depth={depth}"
     bar = threading.Thread(target=_progress, args=(warmup + duration, label, stop), daemon=True)
+    progress = progress and _interactive()
     if progress:
         bar.start()
     for w in workers:
         w.start()
     time.sleep(warmup)
     cpuBefore = _cpuSeconds(serverPid) if serverPid else None
+    othersBefore = sum(_cpuSeconds(p) for p in otherPids)
     time.sleep(duration)
     cpuAfter = _cpuSeconds(serverPid) if serverPid else None
+    othersAfter = sum(_cpuSeconds(p) for p in otherPids)
     collected = [results.get(timeout=duration + 60) for _ in workers]
     for w in workers:
         w.join(30)
@@ -251,6 +273,10 @@ def run(addr: str, scenario: str, conns: int, depth: int = 1, duration: float = 
     }
     if cpuBefore is not None and cpuAfter is not None:
         out["server_cpu_percent"] = round((cpuAfter - cpuBefore) / duration * 100, 1)
+        if pairs:
+            out["server_cpu_us_per_pair"] = round((cpuAfter - cpuBefore) / pairs * 1e6, 1)
+    if otherPids and pairs:
+        out["standbys_cpu_us_per_pair"] = round((othersAfter - othersBefore) / pairs * 1e6, 1)
     return out
 
 
@@ -289,40 +315,81 @@ def _startEcho(port: int) -> subprocess.Popen:  # type: ignore[type-arg]
 # -- the suite --------------------------------------------------------------------
 
 
-def suite(duration: float, conns: List[int], depth: int, out=print) -> List[Dict[str, Any]]:  # type: ignore[no-untyped-def]
-    from lockservice.testing.harness import Node, freePort
+def suite(duration: float, conns: List[int], depth: int, cluster: bool = True,
+          out=print) -> List[Dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """
+    The whole table in one run: the echo ceiling, a single node, and (with
+    C{cluster}) the active node of a 3-node cluster under the same load, so
+    the cost of replication is read side by side.
+    """
+    from lockservice.testing.harness import Cluster, Node, activeNodes, freePort
 
     node = Node(freePort()).start()
     echoPort = freePort()
     echo = _startEcho(echoPort)
+    trio: Optional[Cluster] = None
     rows: List[Dict[str, Any]] = []
     try:
+        if cluster:
+            trio = Cluster(3).start()
+            active = _waitForOneActive(trio, activeNodes)
+            standbys = [n.pid for n in trio.nodes if n is not active]
         for c in conns:
             for d in (1, depth):
-                rows.append(run(f"127.0.0.1:{echoPort}", "echo", c, d, duration,
-                                serverPid=echo.pid))
+                row = run(f"127.0.0.1:{echoPort}", "echo", c, d, duration, serverPid=echo.pid)
+                rows.append(dict(row, target="echo"))
                 for scenario in ("uncontended", "contended"):
-                    rows.append(run(node.address, scenario, c, d, duration, serverPid=node.pid))
+                    row = run(node.address, scenario, c, d, duration, serverPid=node.pid)
+                    rows.append(dict(row, target="single node"))
+                    if trio is not None:
+                        row = run(active.address, scenario, c, d, duration,
+                                  serverPid=active.pid, otherPids=standbys)
+                        rows.append(dict(row, target="active of 3"))
     finally:
         node.stop()
         echo.kill()
         echo.wait()
+        if trio is not None:
+            trio.stop()
     return rows
+
+
+def _waitForOneActive(trio: Any, activeNodes: Any) -> Any:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        active = activeNodes(trio.nodes)
+        if len(active) == 1:
+            return active[0]
+        time.sleep(0.1)
+    raise RuntimeError("the benchmark cluster elected no single active node")
 
 
 def formatTable(rows: List[Dict[str, Any]]) -> str:
     ceilings = {(r["connections"], r["depth"]): r["round_trips_per_s"]
                 for r in rows if r["scenario"] == "echo"}
-    header = ("| scenario | C | mode | pairs/s (echo: rt/s) | vs echo rt/s ÷ 2 | "
-              "acquire p50 ms | p99 ms | p99.9 ms | server CPU % |")
-    lines = [header, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    singles = {(r["scenario"], r["connections"], r["depth"]): r for r in rows
+               if r.get("target") == "single node"}
+    header = ("| scenario | target | C | mode | pairs/s (echo: rt/s) | vs echo rt/s ÷ 2 | "
+              "vs single node | acquire p50 ms | p99 ms | p99.9 ms | server CPU % | "
+              "server CPU µs/pair | standbys CPU µs/pair |")
+    lines = [header, "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                     "| ---: | ---: |"]
     for r in rows:
         rate = r.get("pairs_per_s", r.get("round_trips_per_s"))
         ceiling = ceilings.get((r["connections"], r["depth"]))
         ratio = "" if r["scenario"] == "echo" or not ceiling else f"{rate / (ceiling / 2):.0%}"
+        single = singles.get((r["scenario"], r["connections"], r["depth"]))
+        versus = ""
+        if r.get("target") == "active of 3" and single and single.get("pairs_per_s"):
+            versus = f"{rate / single['pairs_per_s']:.2f}×"
+            if single.get("server_cpu_us_per_pair") and r.get("server_cpu_us_per_pair"):
+                cpu = r["server_cpu_us_per_pair"] / single["server_cpu_us_per_pair"]
+                versus += f" (CPU {cpu:.2f}×)"
         lines.append(
-            f"| {r['scenario']} | {r['connections']} | {r['mode']} | {rate:,} | {ratio} | "
-            f"{r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | {r.get('server_cpu_percent', '')} |"
+            f"| {r['scenario']} | {r.get('target', '')} | {r['connections']} | {r['mode']} | "
+            f"{rate:,} | {ratio} | {versus} | {r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | "
+            f"{r.get('server_cpu_percent', '')} | {r.get('server_cpu_us_per_pair', '')} | "
+            f"{r.get('standbys_cpu_us_per_pair', '')} |"
         )
     return "\n".join(lines)
 
@@ -348,8 +415,11 @@ def memory(keys: int, idle: int) -> Dict[str, Any]:
     try:
         base = node.rss()
         batch = 5000
+        _say(f"taking {keys:,} keys on one node (pid {node.pid})")
         with LineClient(node.port, timeout=60) as c:
             for start in range(0, keys, batch):
+                if start and start % (keys // 10 or batch) < batch:
+                    _say(f"{start:,} keys held, RSS {node.rss() / 2**20:.0f} MB")
                 n = min(batch, keys - start)
                 c.send(b"".join(b"A mem/%d 86400 0\n" % i for i in range(start, start + n)))
                 for _ in range(n):
@@ -366,6 +436,7 @@ def memory(keys: int, idle: int) -> Dict[str, Any]:
     socks: List[socket.socket] = []
     try:
         base = node.rss()
+        _say(f"opening {idle:,} idle connections")
         for _ in range(idle):
             socks.append(socket.create_connection(("127.0.0.1", node.port), timeout=30))
         time.sleep(1)
@@ -381,6 +452,119 @@ def memory(keys: int, idle: int) -> Dict[str, Any]:
         for s in socks:
             s.close()
         node.stop()
+    return result
+
+
+# -- sync: a standby joining an active that holds many keys -----------------------
+
+
+def sync(keys: int, peerTimeout: float = 1.0) -> Dict[str, Any]:
+    """
+    Fill an active node with C{keys} held keys, then start a standby and
+    time how long it takes to hold the full state; meanwhile ping both
+    nodes every 20 ms.  A node whose reactor is frozen (a snapshot written
+    or applied in one go) cannot answer a ping, nor send a heartbeat: the
+    largest ping latency bounds each node's heartbeat gap from outside.
+    """
+    import tempfile
+    import threading
+    import urllib.request
+
+    from lockservice.testing.harness import LineClient, Node, freePorts, probeRole
+
+    ports = freePorts(4)
+    work = tempfile.mkdtemp(prefix="lockservice-bench-sync-")
+    secret = os.path.join(work, "secret")
+    with open(secret, "w") as f:
+        f.write("bench-sync-secret\n")
+    common = ["--secret", secret, "--peer-timeout", str(peerTimeout)]
+    nodes = [
+        Node(ports[i], peers=ports[:2], logDir=work, name=f"sync{i}",
+             args=common + ["--http", f"tcp:{ports[2 + i]}:interface=127.0.0.1"])
+        for i in range(2)
+    ]
+
+    def status(i: int) -> Dict[str, Any]:
+        url = f"http://127.0.0.1:{ports[2 + i]}/status"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return dict(json.load(r))
+
+    worst = [0.0, 0.0]
+    stop = threading.Event()
+
+    def pinger(i: int) -> None:
+        client: Optional[LineClient] = None
+        while not stop.is_set():
+            try:
+                if client is None:
+                    client = LineClient(ports[i], timeout=30)
+                sent = time.perf_counter()
+                client.ask(b"P sync", 30)
+                worst[i] = max(worst[i], time.perf_counter() - sent)
+            except OSError:
+                client = None
+            stop.wait(0.02)
+        if client is not None:
+            client.close()
+
+    result: Dict[str, Any] = {"held_keys": keys, "peer_timeout_s": peerTimeout}
+    try:
+        nodes[0].start()
+        deadline = time.monotonic() + 30
+        while probeRole(ports[0]) != "active":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the first node did not become active")
+            time.sleep(0.1)
+        _say(f"taking {keys:,} keys on the active node")
+        with LineClient(ports[0], timeout=120) as c:
+            batch = 5000
+            for start in range(0, keys, batch):
+                n = min(batch, keys - start)
+                c.send(b"".join(b"A sync/%d 86400 0\n" % i for i in range(start, start + n)))
+                for _ in range(n):
+                    line = c.readline(120)
+                    assert line.startswith(b"A "), line
+        threads = [threading.Thread(target=pinger, args=(i,), daemon=True) for i in range(2)]
+        threads[0].start()
+        _say("starting the standby")
+        started = time.monotonic()
+        nodes[1].start(wait=True, timeout=60)
+        answering = time.monotonic()
+        threads[1].start()
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                s1 = status(1)
+                if s1.get("role") == "standby" and s1.get("held_keys") == keys:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby did not catch up within 10 minutes")
+            time.sleep(0.02)
+        synced = time.monotonic()
+        time.sleep(max(0.5, peerTimeout))  # the heartbeats right after the sync count too
+        stop.set()
+        for t in threads:
+            t.join(60)
+        s0 = status(0)
+        result.update({
+            "join_s_from_start": round(synced - started, 2),
+            "join_s_from_first_ping": round(synced - answering, 2),
+            "active_max_ping_ms": round(worst[0] * 1000, 1),
+            "standby_max_ping_ms": round(worst[1] * 1000, 1),
+            "half_peer_timeout_ms": round(peerTimeout * 500, 1),
+            "active_role_after": s0.get("role"),
+            "rss_active_mb": round(nodes[0].rss() / 2**20, 1),
+            "rss_standby_mb": round(nodes[1].rss() / 2**20, 1),
+        })
+    finally:
+        stop.set()
+        for node in nodes:
+            node.stop()
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
     return result
 
 
@@ -405,12 +589,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     s.add_argument("--connections", default="1,16,64")
     s.add_argument("--depth", type=int, default=16)
     s.add_argument("--json", action="store_true")
+    s.add_argument("--no-cluster", action="store_true",
+                   help="skip the active-of-3-nodes rows")
     e = sub.add_parser("echo-server", help="the baseline: a trivial Twisted line echo server")
     e.add_argument("--port", type=int, required=True)
     m = sub.add_parser("memory", help="RSS with many held keys and many idle connections")
     m.add_argument("--keys", type=int, default=1_000_000)
     m.add_argument("--idle", type=int, default=10_000)
+    y = sub.add_parser("sync", help="a standby joining an active that holds many keys")
+    y.add_argument("--keys", type=int, default=1_000_000)
+    y.add_argument("--peer-timeout", type=float, default=1.0)
     args = p.parse_args(argv)
+    if args.cmd == "sync":
+        print(json.dumps(sync(args.keys, args.peer_timeout), indent=2))
+        return 0
     if args.cmd == "echo-server":
         echoServer(args.port)
         return 0
@@ -424,7 +616,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"{k:20} {v}")
         return 0 if result["errors"] == 0 else 1
     if args.cmd == "suite":
-        rows = suite(args.duration, [int(c) for c in args.connections.split(",")], args.depth)
+        rows = suite(args.duration, [int(c) for c in args.connections.split(",")], args.depth,
+                     cluster=not args.no_cluster)
         print(json.dumps(rows, indent=2) if args.json else formatTable(rows))
         return 0
     print(json.dumps(memory(args.keys, args.idle), indent=2))

@@ -32,11 +32,46 @@ def test_echo_ceiling_and_table() -> None:
         echo.kill()
         echo.wait()
     assert result["round_trips_per_s"] > 0
-    table = bench.formatTable([result])
-    assert table.splitlines()[2].startswith("| echo | 2 | closed-loop |")
+    table = bench.formatTable([dict(result, target="echo")])
+    assert table.splitlines()[2].startswith("| echo | echo | 2 | closed-loop |")
 
 
-def test_memory_probe_small() -> None:
-    result = bench.memory(keys=20000, idle=200)
-    assert result["held_keys"] == 20000 and result["idle_connections"] == 200
-    assert result["rss_held_mb"] > result["rss_empty_mb"]
+def test_suite_compares_a_single_node_with_the_active_of_a_cluster() -> None:
+    rows = bench.suite(duration=0.3, conns=[2], depth=2, out=lambda *a: None)
+    targets = {(r["scenario"], r["depth"], r["target"]) for r in rows}
+    for scenario in ("uncontended", "contended"):
+        for depth in (1, 2):
+            assert (scenario, depth, "single node") in targets
+            assert (scenario, depth, "active of 3") in targets
+    cluster = [r for r in rows if r["target"] == "active of 3"]
+    assert all(r["errors"] == 0 for r in rows)
+    # CPU per pair is measured for the active and for its standbys.
+    assert all("server_cpu_us_per_pair" in r and "standbys_cpu_us_per_pair" in r
+               for r in cluster)
+    table = bench.formatTable(rows)
+    assert "active of 3" in table and "×" in table
+
+
+def test_no_progress_bar_when_stderr_is_a_file(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    node = spawn()
+    with open(tmp_path / "stderr", "wb") as stderr:
+        done = subprocess.run(
+            [sys.executable, "-m", "lockservice.bench", "run", "--addr", node.address,
+             "-c", "1", "--duration", "0.6", "--warmup", "0.1"],
+            stdout=subprocess.PIPE, stderr=stderr, timeout=60,
+        )
+    assert done.returncode == 0, done
+    assert b"pairs_per_s" in done.stdout
+    written = (tmp_path / "stderr").read_bytes()
+    assert b"[" not in written and b"\r" not in written, written
+
+
+def test_sync_scenario_reports_join_time_and_ping_gaps() -> None:
+    result = bench.sync(keys=2000)
+    assert result["held_keys"] == 2000
+    assert result["join_s_from_start"] > 0
+    assert result["active_role_after"] == "active"
+    assert result["active_max_ping_ms"] > 0 and result["standby_max_ping_ms"] > 0
