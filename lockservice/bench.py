@@ -5,6 +5,7 @@ Load generator and benchmark suite.
     python -m lockservice.bench suite            # the whole table, echo ceiling included
     python -m lockservice.bench echo-server --port 7799
     python -m lockservice.bench memory           # 1M held keys, 10k idle connections
+    python -m lockservice.bench sync             # a standby joins an active holding 1M keys
 
 Scenarios: C{uncontended} (each connection its own keys, acquire+release
 loops) and C{contended} (every connection on one key: FIFO hand-offs).
@@ -454,6 +455,119 @@ def memory(keys: int, idle: int) -> Dict[str, Any]:
     return result
 
 
+# -- sync: a standby joining an active that holds many keys -----------------------
+
+
+def sync(keys: int, peerTimeout: float = 1.0) -> Dict[str, Any]:
+    """
+    Fill an active node with C{keys} held keys, then start a standby and
+    time how long it takes to hold the full state; meanwhile ping both
+    nodes every 20 ms.  A node whose reactor is frozen (a snapshot written
+    or applied in one go) cannot answer a ping, nor send a heartbeat: the
+    largest ping latency bounds each node's heartbeat gap from outside.
+    """
+    import tempfile
+    import threading
+    import urllib.request
+
+    from lockservice.testing.harness import LineClient, Node, freePorts, probeRole
+
+    ports = freePorts(4)
+    work = tempfile.mkdtemp(prefix="lockservice-bench-sync-")
+    secret = os.path.join(work, "secret")
+    with open(secret, "w") as f:
+        f.write("bench-sync-secret\n")
+    common = ["--secret", secret, "--peer-timeout", str(peerTimeout)]
+    nodes = [
+        Node(ports[i], peers=ports[:2], logDir=work, name=f"sync{i}",
+             args=common + ["--http", f"tcp:{ports[2 + i]}:interface=127.0.0.1"])
+        for i in range(2)
+    ]
+
+    def status(i: int) -> Dict[str, Any]:
+        url = f"http://127.0.0.1:{ports[2 + i]}/status"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return dict(json.load(r))
+
+    worst = [0.0, 0.0]
+    stop = threading.Event()
+
+    def pinger(i: int) -> None:
+        client: Optional[LineClient] = None
+        while not stop.is_set():
+            try:
+                if client is None:
+                    client = LineClient(ports[i], timeout=30)
+                sent = time.perf_counter()
+                client.ask(b"P sync", 30)
+                worst[i] = max(worst[i], time.perf_counter() - sent)
+            except OSError:
+                client = None
+            stop.wait(0.02)
+        if client is not None:
+            client.close()
+
+    result: Dict[str, Any] = {"held_keys": keys, "peer_timeout_s": peerTimeout}
+    try:
+        nodes[0].start()
+        deadline = time.monotonic() + 30
+        while probeRole(ports[0]) != "active":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the first node did not become active")
+            time.sleep(0.1)
+        _say(f"taking {keys:,} keys on the active node")
+        with LineClient(ports[0], timeout=120) as c:
+            batch = 5000
+            for start in range(0, keys, batch):
+                n = min(batch, keys - start)
+                c.send(b"".join(b"A sync/%d 86400 0\n" % i for i in range(start, start + n)))
+                for _ in range(n):
+                    line = c.readline(120)
+                    assert line.startswith(b"A "), line
+        threads = [threading.Thread(target=pinger, args=(i,), daemon=True) for i in range(2)]
+        threads[0].start()
+        _say("starting the standby")
+        started = time.monotonic()
+        nodes[1].start(wait=True, timeout=60)
+        answering = time.monotonic()
+        threads[1].start()
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                s1 = status(1)
+                if s1.get("role") == "standby" and s1.get("held_keys") == keys:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby did not catch up within 10 minutes")
+            time.sleep(0.02)
+        synced = time.monotonic()
+        time.sleep(max(0.5, peerTimeout))  # the heartbeats right after the sync count too
+        stop.set()
+        for t in threads:
+            t.join(60)
+        s0 = status(0)
+        result.update({
+            "join_s_from_start": round(synced - started, 2),
+            "join_s_from_first_ping": round(synced - answering, 2),
+            "active_max_ping_ms": round(worst[0] * 1000, 1),
+            "standby_max_ping_ms": round(worst[1] * 1000, 1),
+            "half_peer_timeout_ms": round(peerTimeout * 500, 1),
+            "active_role_after": s0.get("role"),
+            "rss_active_mb": round(nodes[0].rss() / 2**20, 1),
+            "rss_standby_mb": round(nodes[1].rss() / 2**20, 1),
+        })
+    finally:
+        stop.set()
+        for node in nodes:
+            node.stop()
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
 # -- command line -----------------------------------------------------------------
 
 
@@ -482,7 +596,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     m = sub.add_parser("memory", help="RSS with many held keys and many idle connections")
     m.add_argument("--keys", type=int, default=1_000_000)
     m.add_argument("--idle", type=int, default=10_000)
+    y = sub.add_parser("sync", help="a standby joining an active that holds many keys")
+    y.add_argument("--keys", type=int, default=1_000_000)
+    y.add_argument("--peer-timeout", type=float, default=1.0)
     args = p.parse_args(argv)
+    if args.cmd == "sync":
+        print(json.dumps(sync(args.keys, args.peer_timeout), indent=2))
+        return 0
     if args.cmd == "echo-server":
         echoServer(args.port)
         return 0

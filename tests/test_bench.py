@@ -67,3 +67,11 @@ def test_no_progress_bar_when_stderr_is_a_file(spawn, tmp_path) -> None:  # type
     assert b"pairs_per_s" in done.stdout
     written = (tmp_path / "stderr").read_bytes()
     assert b"[" not in written and b"\r" not in written, written
+
+
+def test_sync_scenario_reports_join_time_and_ping_gaps() -> None:
+    result = bench.sync(keys=2000)
+    assert result["held_keys"] == 2000
+    assert result["join_s_from_start"] > 0
+    assert result["active_role_after"] == "active"
+    assert result["active_max_ping_ms"] > 0 and result["standby_max_ping_ms"] > 0

@@ -1,0 +1,215 @@
+# -*- test-case-name: tests.test_keystats -*-
+"""
+Per-key statistics for the busiest keys, in bounded memory.
+
+L{Sketch} summarises a stream of durations (mean exactly, quantiles within
+a few percent) in at most L{Sketch.MAX_BUCKETS} counters; L{KeyStats}
+keeps one pair of sketches and a few counters for each of at most
+C{capacity} keys, dropping the least active ones when a new key needs room.
+
+Pure: no I/O and no clock; durations are given by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Iterator, List, Optional, Tuple
+
+
+class Sketch:
+    """
+    A small log-bucketed histogram (the DDSketch idea): a value v falls in
+    bucket C{ceil(log(v) / log(GAMMA))}, so any quantile read back is within
+    C{(GAMMA - 1) / 2} (about 7%) of a real sample's value.  When more than
+    C{MAX_BUCKETS} buckets are in use the lowest ones are merged, which
+    keeps the memory constant and costs accuracy only in the low quantiles
+    (p99 and the mean stay exact-ish and exact).
+
+    Durations below C{FLOOR} seconds share one bucket (reported as 0).
+    """
+
+    GAMMA = 1.15
+    MAX_BUCKETS = 80
+    FLOOR = 1e-4
+
+    __slots__ = ("count", "total", "low", "high", "_buckets", "_zeros")
+
+    _LOG_GAMMA = math.log(GAMMA)
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.low = math.inf
+        self.high = 0.0
+        self._buckets: Dict[int, int] = {}
+        self._zeros = 0
+
+    def add(self, value: float) -> None:
+        """
+        Record one duration (seconds, >= 0).
+        """
+        if value < 0 or value != value:
+            value = 0.0
+        self.count += 1
+        self.total += value
+        if value < self.low:
+            self.low = value
+        if value > self.high:
+            self.high = value
+        if value < self.FLOOR:
+            self._zeros += 1
+            return
+        index = math.ceil(math.log(value) / self._LOG_GAMMA)
+        buckets = self._buckets
+        buckets[index] = buckets.get(index, 0) + 1
+        if len(buckets) > self.MAX_BUCKETS:
+            self._collapse()
+
+    def _collapse(self) -> None:
+        # Merge the two lowest buckets into the higher of them.
+        first, second = sorted(self._buckets)[:2]
+        self._buckets[second] += self._buckets.pop(first)
+
+    @property
+    def mean(self) -> Optional[float]:
+        return self.total / self.count if self.count else None
+
+    def quantile(self, q: float) -> Optional[float]:
+        """
+        The value below which a fraction C{q} of the samples lies (None
+        when there are none).
+        """
+        if not self.count:
+            return None
+        rank = q * (self.count - 1)
+        seen = self._zeros
+        if rank < seen:
+            return 0.0
+        for index in sorted(self._buckets):
+            seen += self._buckets[index]
+            if rank < seen:
+                # The bucket (GAMMA^(i-1), GAMMA^i]: report its middle,
+                # clamped to what was really seen.
+                estimate = 2 * self.GAMMA ** index / (self.GAMMA + 1)
+                return min(max(estimate, self.low), self.high)
+        return self.high
+
+    def summary(self) -> Dict[str, Optional[float]]:
+        """
+        Count, mean, p50, p99 and max, rounded for display.
+        """
+        def r(v: Optional[float]) -> Optional[float]:
+            return None if v is None else round(v, 6)
+
+        return {
+            "count": self.count,
+            "mean": r(self.mean),
+            "p50": r(self.quantile(0.5)),
+            "p99": r(self.quantile(0.99)),
+            "max": r(self.high) if self.count else None,
+        }
+
+
+class KeyRecord:
+    """
+    What is known of one key: activity counters and two sketches.
+    """
+
+    __slots__ = ("grants", "timeouts", "expiries", "releases", "waits", "hold", "wait",
+                 "activity")
+
+    def __init__(self) -> None:
+        self.grants = 0
+        self.timeouts = 0
+        self.expiries = 0
+        self.releases = 0
+        self.waits = 0  # acquires that had to queue
+        self.hold = Sketch()
+        self.wait = Sketch()
+        self.activity = 0
+
+    def asDict(self) -> Dict[str, object]:
+        return {
+            "grants": self.grants,
+            "releases": self.releases,
+            "queued": self.waits,
+            "timeouts": self.timeouts,
+            "expiries": self.expiries,
+            "hold_seconds": self.hold.summary(),
+            "wait_seconds": self.wait.summary(),
+        }
+
+
+class KeyStats:
+    """
+    Statistics for the (about) C{capacity} most active keys.
+
+    Every event on a key counts as activity.  A key not tracked yet gets a
+    record at once; when the table grows C{capacity/4} beyond C{capacity},
+    the least active records are dropped down to C{capacity} in one sort,
+    so the cost per event stays O(1) amortised (O(log n) for the sort) and
+    memory stays bounded whatever the number of distinct keys.
+    """
+
+    def __init__(self, capacity: int = 1000) -> None:
+        self.capacity = capacity
+        self._slack = max(1, capacity // 4)
+        self._records: Dict[bytes, KeyRecord] = {}
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def _record(self, key: bytes) -> KeyRecord:
+        record = self._records.get(key)
+        if record is None:
+            if len(self._records) >= self.capacity + self._slack:
+                self._evict()
+            record = self._records[key] = KeyRecord()
+        record.activity += 1
+        return record
+
+    def _evict(self) -> None:
+        ranked = sorted(self._records.items(), key=lambda item: item[1].activity,
+                        reverse=True)
+        self.evicted += len(ranked) - self.capacity
+        self._records = dict(ranked[:self.capacity])
+
+    # -- the events counted --------------------------------------------------
+
+    def granted(self, key: bytes, waited: float) -> None:
+        record = self._record(key)
+        record.grants += 1
+        record.wait.add(waited)
+
+    def queued(self, key: bytes) -> None:
+        self._record(key).waits += 1
+
+    def timedOut(self, key: bytes, waited: float) -> None:
+        record = self._record(key)
+        record.timeouts += 1
+        record.wait.add(waited)
+
+    def dropped(self, key: bytes, heldFor: float, expired: bool) -> None:
+        record = self._record(key)
+        if expired:
+            record.expiries += 1
+        else:
+            record.releases += 1
+        record.hold.add(heldFor)
+
+    # -- reading -------------------------------------------------------------
+
+    def get(self, key: bytes) -> Optional[KeyRecord]:
+        return self._records.get(key)
+
+    def top(self, limit: int) -> List[Tuple[bytes, KeyRecord]]:
+        """
+        The C{limit} most active keys, most active first.
+        """
+        ranked = sorted(self._records.items(), key=lambda item: item[1].activity,
+                        reverse=True)
+        return ranked[:limit]
+
+    def __iter__(self) -> Iterator[Tuple[bytes, KeyRecord]]:
+        return iter(self._records.items())

@@ -1,0 +1,279 @@
+# -*- test-case-name: tests.test_monitor -*-
+"""
+The operator's view of one node: what happened (the event ring), to which
+keys (per-key statistics), how busy the node was second by second, which
+grants are held too long, which clients are deadlocked, and the admin's
+force-release.
+
+L{Monitor} is told of every change by the L{LockService} (it is one of
+its C{activity} observers) and by the cluster layer (L{Monitor.clusterEvent});
+it never changes the table itself except through the service's normal
+release path (force-release), so replication and the other observers see
+that release like any other.
+"""
+
+from __future__ import annotations
+
+import time
+from heapq import heappop, heappush
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from lockservice.core import events as ev
+from lockservice.core.events import EventRing
+from lockservice.core.series import Series
+from lockservice.core.sketch import KeyStats
+from lockservice.core.waitfor import Cycle, WaitForGraph
+
+# Why a queued acquire stopped waiting without a grant.
+TIMEOUT = ev.TIMEOUT
+WITHDRAWAL = ev.WITHDRAWAL
+REDIRECT = "redirect"
+
+
+class Waiter(Protocol):
+    """
+    A queued acquire as the monitor sees it (the table's waiters).
+    """
+
+    key: bytes
+    lease: float
+    queuedAt: float
+
+    def holderName(self) -> Optional[str]:
+        """
+        The waiting connection's name, or its peer address.
+        """
+
+
+class ActivityObserver(Protocol):
+    """
+    What the lock service tells about each change, with who did it.  Every
+    method gets the service's (monotonic) time C{now}; C{owner} is the
+    holding connection's name or peer address (None when unknown, e.g. a
+    grant learned by replication).
+    """
+
+    def queued(self, now: float, waiter: Waiter) -> None: ...
+
+    def waitEnded(self, now: float, waiter: Waiter, reason: str) -> None: ...
+
+    def granted(self, now: float, key: bytes, token: int, owner: Optional[str],
+                waiter: Optional[Waiter], waited: float) -> None: ...
+
+    def dropped(self, now: float, key: bytes, token: int, owner: Optional[str],
+                heldFor: float, expired: bool) -> None: ...
+
+    def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
+                expiresAt: float) -> None: ...
+
+
+class Releaser(Protocol):
+    """
+    The part of the lock service that force-release needs.
+    """
+
+    def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None: ...
+
+
+class _Held:
+    __slots__ = ("token", "owner", "grantedAt", "long")
+
+    def __init__(self, token: int, owner: Optional[str], grantedAt: float) -> None:
+        self.token = token
+        self.owner = owner
+        self.grantedAt = grantedAt
+        self.long = False
+
+
+class Monitor:
+    """
+    @ivar warnHold: seconds after which a grant still held is a long hold
+        (logged once, counted, flagged), or None for no such check.
+    @ivar longHolds: how many grants have been flagged since start.
+    @ivar forceReleases: how many force-releases were done.
+    """
+
+    log = Logger()
+
+    def __init__(self, clock: IReactorTime, wallTime: Callable[[], float] = time.time,
+                 warnHold: Optional[float] = None, events: int = 10000,
+                 trackedKeys: int = 1000, seriesSpan: int = 300) -> None:
+        self.clock = clock
+        self.wallTime = wallTime
+        self.warnHold = warnHold
+        self.events = EventRing(events)
+        self.keys = KeyStats(trackedKeys)
+        self.series = Series(seriesSpan)
+        self.graph = WaitForGraph()
+        self.longHolds = 0
+        self.forceReleases = 0
+        self._held: Dict[bytes, _Held] = {}
+        self._forcing: Optional[Tuple[bytes, int, str]] = None
+        self._due: List[Tuple[float, bytes, int]] = []
+        self._alarm: Optional[IDelayedCall] = None
+
+    # -- the activity observer -------------------------------------------------
+
+    def _event(self, type: str, key: Optional[bytes] = None, token: Optional[int] = None,
+               who: Optional[str] = None, detail: Optional[str] = None) -> None:
+        self.events.add(self.wallTime(), type, key, token, who, detail)
+
+    def queued(self, now: float, waiter: Waiter) -> None:
+        self.keys.queued(waiter.key)
+        self.series.queued(now)
+        who = waiter.holderName()
+        if who is not None:
+            self._cycles(self.graph.wait(waiter.key, who, now))
+
+    def waitEnded(self, now: float, waiter: Waiter, reason: str) -> None:
+        waited = now - waiter.queuedAt
+        who = waiter.holderName()
+        if who is not None:
+            self.graph.unwait(waiter.key, who)
+        if reason == TIMEOUT:
+            self.keys.timedOut(waiter.key, waited)
+        if reason in (TIMEOUT, WITHDRAWAL):
+            self._event(reason, waiter.key, None, who, f"after {waited:.3f} s")
+
+    def granted(self, now: float, key: bytes, token: int, owner: Optional[str],
+                waiter: Optional[Waiter], waited: float) -> None:
+        self.keys.granted(key, waited)
+        self.series.granted(now)
+        self._held[key] = _Held(token, owner, now)
+        if waiter is not None:
+            who = waiter.holderName()
+            if who is not None:
+                self.graph.unwait(key, who)
+        self._cycles(self.graph.hold(key, owner, now))
+        self._event(ev.GRANT, key, token, owner,
+                    f"after waiting {waited:.3f} s" if waiter is not None else None)
+        if self.warnHold is not None:
+            self._watch(now + self.warnHold, key, token)
+
+    def dropped(self, now: float, key: bytes, token: int, owner: Optional[str],
+                heldFor: float, expired: bool) -> None:
+        self.keys.dropped(key, heldFor, expired)
+        self.series.held(now, heldFor)
+        held = self._held.get(key)
+        if held is not None and held.token == token:
+            del self._held[key]
+            if owner is None:
+                owner = held.owner
+        self.graph.unhold(key)
+        forcing = self._forcing
+        if forcing is not None and forcing[:2] == (key, token):
+            self._event(ev.FORCE_RELEASE, key, token, owner, forcing[2])
+        elif expired:
+            self._event(ev.EXPIRY, key, token, owner, f"after {heldFor:.3f} s")
+        else:
+            self._event(ev.RELEASE, key, token, owner, f"after {heldFor:.3f} s")
+
+    def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
+                expiresAt: float) -> None:
+        self._event(ev.RENEWAL, key, token, owner, f"lease {expiresAt - now:.3f} s")
+
+    # -- the cluster's event sink ----------------------------------------------
+
+    def clusterEvent(self, type: str, who: Optional[str] = None,
+                     detail: Optional[str] = None) -> None:
+        """
+        Record a cluster event: C{promotion}, C{handoff}, C{peer-up} or
+        C{peer-down}; C{who} names the node concerned.
+        """
+        self._event(type, None, None, who, detail)
+
+    # -- deadlocks -------------------------------------------------------------
+
+    def _cycles(self, found: List[Cycle]) -> None:
+        for cycle in found:
+            description = cycle.describe()
+            self.log.warn("Deadlock: {cycle}", cycle=description)
+            self._event(ev.DEADLOCK, cycle.steps[0][1], None, cycle.steps[0][0], description)
+
+    def deadlocks(self) -> List[Dict[str, Any]]:
+        """
+        The cycles present now; C{since} as Unix time.
+        """
+        now, wall = self.clock.seconds(), self.wallTime()
+        out = []
+        for cycle in self.graph.cycles.values():
+            entry = cycle.asDict()
+            entry["since"] = round(wall - (now - cycle.since), 3)
+            out.append(entry)
+        return out
+
+    # -- long holds ------------------------------------------------------------
+
+    def _watch(self, at: float, key: bytes, token: int) -> None:
+        heappush(self._due, (at, key, token))
+        if self._alarm is None or not self._alarm.active():
+            self._arm()
+        elif at < self._alarm.getTime():
+            self._alarm.cancel()
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._due:
+            delay = max(0.0, self._due[0][0] - self.clock.seconds())
+            self._alarm = self.clock.callLater(delay, self._check)
+
+    def _check(self) -> None:
+        self._alarm = None
+        now = self.clock.seconds()
+        while self._due and self._due[0][0] <= now:
+            _, key, token = heappop(self._due)
+            held = self._held.get(key)
+            if held is None or held.token != token or held.long:
+                continue  # released (or handed over) in time
+            held.long = True
+            self.longHolds += 1
+            who = held.owner or "unknown"
+            self.log.warn(
+                "Long hold: {key} held by {who} (token {token}) for more than {limit} s",
+                key=key.decode("utf-8", "replace"), who=who, token=token,
+                limit=self.warnHold,
+            )
+            self._event(ev.LONG_HOLD, key, token, held.owner,
+                        f"held for more than {self.warnHold:g} s")
+        self._arm()
+
+    def isLongHold(self, key: bytes, token: int) -> bool:
+        held = self._held.get(key)
+        return held is not None and held.token == token and held.long
+
+    def currentLongHolds(self) -> int:
+        return sum(1 for held in self._held.values() if held.long)
+
+    def stop(self) -> None:
+        if self._alarm is not None and self._alarm.active():
+            self._alarm.cancel()
+        self._alarm = None
+        self._due = []
+
+    # -- force-release ---------------------------------------------------------
+
+    def forceRelease(self, service: Releaser, key: bytes, token: int, reason: str,
+                     who: str) -> bool:
+        """
+        Release C{key}'s grant C{token} through the service's normal release
+        path, recording the event as a force-release by C{who} for
+        C{reason}.
+
+        @return: True if the grant was released.
+        """
+        answers: List[bytes] = []
+        self._forcing = (key, token, f"by {who}: {reason}")
+        try:
+            service.release(key, token, answers.append)
+        finally:
+            self._forcing = None
+        released = bool(answers) and answers[0].endswith(b" OK\n")
+        if released:
+            self.forceReleases += 1
+            self.log.warn("Force-release of {key} (token {token}) by {who}: {reason}",
+                          key=key.decode("utf-8", "replace"), token=token, who=who,
+                          reason=reason)
+        return released

@@ -1,0 +1,107 @@
+"""
+The streaming sketch, the per-key statistics and the per-second series
+(pure: no clock, no I/O).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lockservice.core.series import Series
+from lockservice.core.sketch import KeyStats, Sketch
+
+
+def exactQuantile(values: list, q: float) -> float:  # type: ignore[type-arg]
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sketch_quantiles_within_seven_percent(seed: int) -> None:
+    rng = random.Random(seed)
+    values = [rng.lognormvariate(0, 2) for _ in range(20000)]
+    sketch = Sketch()
+    for v in values:
+        sketch.add(v)
+    assert sketch.count == 20000
+    assert sketch.mean == pytest.approx(sum(values) / len(values))
+    for q in (0.5, 0.9, 0.99):
+        assert sketch.quantile(q) == pytest.approx(exactQuantile(values, q), rel=0.075)
+    assert sketch.high == max(values)
+
+
+def test_sketch_memory_is_bounded() -> None:
+    """
+    Values spread over 12 orders of magnitude still use at most
+    MAX_BUCKETS counters, and the high quantiles stay accurate.
+    """
+    sketch = Sketch()
+    values = [10 ** (i / 1000) * 1e-4 for i in range(12000)]
+    for v in values:
+        sketch.add(v)
+    assert len(sketch._buckets) <= Sketch.MAX_BUCKETS
+    assert sketch.quantile(0.99) == pytest.approx(exactQuantile(values, 0.99), rel=0.075)
+
+
+def test_sketch_small_and_empty() -> None:
+    sketch = Sketch()
+    assert sketch.quantile(0.99) is None and sketch.mean is None
+    assert sketch.summary() == {"count": 0, "mean": None, "p50": None, "p99": None,
+                                "max": None}
+    sketch.add(0.0)
+    sketch.add(2.0)
+    assert sketch.quantile(0.0) == 0.0
+    assert sketch.quantile(1.0) == pytest.approx(2.0, rel=0.075)
+    assert sketch.mean == 1.0
+
+
+def test_keystats_counts() -> None:
+    stats = KeyStats()
+    stats.queued(b"k")
+    stats.granted(b"k", 0.0)
+    stats.granted(b"k", 2.5)
+    stats.dropped(b"k", 1.0, expired=False)
+    stats.dropped(b"k", 30.0, expired=True)
+    stats.timedOut(b"k", 5.0)
+    record = stats.get(b"k")
+    assert record is not None
+    data = record.asDict()
+    assert (data["grants"], data["releases"], data["expiries"], data["timeouts"],
+            data["queued"]) == (2, 1, 1, 1, 1)
+    assert data["hold_seconds"]["count"] == 2  # type: ignore[index]
+    assert data["hold_seconds"]["mean"] == 15.5  # type: ignore[index]
+    assert data["wait_seconds"]["count"] == 3  # type: ignore[index]
+
+
+def test_keystats_keeps_the_busiest_keys_in_bounded_memory() -> None:
+    stats = KeyStats(capacity=100)
+    for round_ in range(50):
+        for hot in range(10):
+            stats.granted(b"hot%d" % hot, 0.0)
+        for cold in range(100):
+            stats.granted(b"cold-%d-%d" % (round_, cold), 0.0)
+        assert len(stats) <= 125
+    top = [key for key, _ in stats.top(10)]
+    assert sorted(top) == sorted(b"hot%d" % i for i in range(10))
+    assert stats.get(b"hot3").grants == 50  # type: ignore[union-attr]
+    assert stats.evicted > 4000
+
+
+def test_series_per_second() -> None:
+    series = Series(span=60)
+    series.granted(100.2)
+    series.granted(100.9)
+    series.queued(100.5)
+    series.held(101.1, 2.0)
+    series.held(101.7, 4.0)
+    last = series.last(103.0, 3)
+    assert [s["ago"] for s in last] == [3, 2, 1]
+    assert last[0]["grants"] == 2 and last[0]["waits"] == 1
+    assert last[1]["holds"] == 2 and last[1]["hold_mean"] == 3.0 and last[1]["hold_max"] == 4.0
+    assert last[2]["grants"] == 0
+    # A minute later the slots are reused, not summed.
+    series.granted(160.5)
+    assert series.last(161.0, 1)[0]["grants"] == 1
+    assert all(s["grants"] == 0 for s in series.last(161.0, 59)[:-1])

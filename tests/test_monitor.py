@@ -1,0 +1,152 @@
+"""
+The monitor on its own: events, long holds (--warn-hold), deadlocks and
+force-release, driven through its observer interface with a task.Clock.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, List, Optional
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.logger import LogEvent, formatEvent, globalLogPublisher
+
+from lockservice.core.table import Waiter
+from lockservice.server.monitor import TIMEOUT, WITHDRAWAL, Monitor
+
+
+class NamedWaiter(Waiter):
+    __slots__ = ("name",)
+
+    def __init__(self, key: bytes, name: str, queuedAt: float = 0.0) -> None:
+        super().__init__(key, 30.0)
+        self.name = name
+        self.queuedAt = queuedAt
+
+    def holderName(self) -> Optional[str]:
+        return self.name
+
+
+@pytest.fixture
+def log() -> Iterator[List[str]]:
+    """
+    The monitor's log messages, as formatted text.
+    """
+    messages: List[str] = []
+
+    def observer(event: LogEvent) -> None:
+        if event.get("log_namespace", "").startswith("lockservice.server.monitor"):
+            messages.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observer)
+    yield messages
+    globalLogPublisher.removeObserver(observer)
+
+
+def monitor(warnHold: Optional[float] = None) -> Monitor:
+    clock = Clock()
+    clock.advance(1000)
+    return Monitor(clock, wallTime=lambda: 1_700_000_000.0 + clock.seconds(),
+                   warnHold=warnHold)
+
+
+def types(m: Monitor) -> List[str]:
+    return [e.type for e in m.events.since(0)[0]]
+
+
+def test_events_of_a_grant_wait_and_release() -> None:
+    m = monitor()
+    m.granted(1000, b"k", 11, "alice", None, 0.0)
+    w = NamedWaiter(b"k", "bob", queuedAt=1000)
+    m.queued(1000, w)
+    m.dropped(1002, b"k", 11, "alice", 2.0, expired=False)
+    m.granted(1002, b"k", 12, "bob", w, 2.0)
+    m.renewed(1003, b"k", 12, "bob", 1033)
+    m.dropped(1040, b"k", 12, "bob", 38.0, expired=True)
+    events = [e.asDict() for e in m.events.since(0)[0]]
+    assert [e["type"] for e in events] == ["grant", "release", "grant", "renewal", "expiry"]
+    assert events[1]["who"] == "alice" and events[1]["token"] == 11
+    assert events[2]["detail"] == "after waiting 2.000 s"
+    assert events[0]["time"] == 1_700_000_000.0 + 1000
+    record = m.keys.get(b"k")
+    assert record is not None and (record.grants, record.releases, record.expiries,
+                                   record.waits) == (2, 1, 1, 1)
+
+
+def test_timeouts_and_withdrawals_are_events() -> None:
+    m = monitor()
+    m.granted(1000, b"k", 1, "a", None, 0.0)
+    w1, w2 = NamedWaiter(b"k", "b", 1000), NamedWaiter(b"k", "c", 1000)
+    m.queued(1000, w1)
+    m.queued(1000, w2)
+    m.waitEnded(1005, w1, TIMEOUT)
+    m.waitEnded(1006, w2, WITHDRAWAL)
+    events = m.events.since(1)[0]
+    assert [(e.type, e.who, e.detail) for e in events] == [
+        ("timeout", "b", "after 5.000 s"), ("withdrawal", "c", "after 6.000 s")]
+    assert m.keys.get(b"k").timeouts == 1  # type: ignore[union-attr]
+
+
+def test_long_hold_logged_once_counted_and_flagged(log: List[str]) -> None:
+    m = monitor(warnHold=10)
+    clock = m.clock
+    assert isinstance(clock, Clock)
+    m.granted(1000, b"slow", 5, "batch-7", None, 0.0)
+    m.granted(1000, b"quick", 6, "web-1", None, 0.0)
+    clock.advance(4)
+    m.dropped(1004, b"quick", 6, "web-1", 4.0, expired=False)
+    clock.advance(5.9)
+    assert m.longHolds == 0 and not m.isLongHold(b"slow", 5)
+    clock.advance(0.2)
+    assert m.longHolds == 1 and m.isLongHold(b"slow", 5) and m.currentLongHolds() == 1
+    assert log == ["Long hold: slow held by batch-7 (token 5) for more than 10 s"]
+    clock.advance(100)
+    assert m.longHolds == 1 and len(log) == 1  # once
+    assert types(m)[-1] == "long-hold"
+    m.dropped(clock.seconds(), b"slow", 5, "batch-7", 110, expired=False)
+    assert m.currentLongHolds() == 0
+    assert not clock.getDelayedCalls()
+
+
+def test_deadlock_logged_once(log: List[str]) -> None:
+    m = monitor()
+    m.granted(1000, b"k1", 1, "x", None, 0.0)
+    m.granted(1000, b"k2", 2, "y", None, 0.0)
+    m.queued(1001, NamedWaiter(b"k2", "x"))
+    wy = NamedWaiter(b"k1", "y")
+    m.queued(1002, wy)
+    assert log == ["Deadlock: x waits for k2 (held by y) -> y waits for k1 (held by x)"]
+    [d] = m.deadlocks()
+    assert d["length"] == 2 and d["clients"] == ["x", "y"]
+    assert d["since"] == 1_700_000_000.0 + 1002
+    m.queued(1003, NamedWaiter(b"k1", "y"))
+    assert len(log) == 1 and m.graph.detected == 1
+    m.waitEnded(1004, wy, TIMEOUT)
+    assert len(m.deadlocks()) == 1  # y's second wait keeps the cycle
+    assert types(m).count("deadlock") == 1
+
+
+class FakeService:
+    def __init__(self, m: Monitor) -> None:
+        self.monitor = m
+        self.held = {b"k": 7}
+
+    def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
+        if self.held.get(key) != token:
+            reply(b"R " + key + b" STALE\n")
+            return
+        del self.held[key]
+        self.monitor.dropped(1000, key, token, None, 3.0, expired=False)
+        reply(b"R " + key + b" OK\n")
+
+
+def test_force_release_goes_through_the_release_path() -> None:
+    m = monitor()
+    m.granted(997, b"k", 7, "stuck", None, 0.0)
+    service = FakeService(m)
+    assert m.forceRelease(service, b"k", 7, "job hung", "admin@127.0.0.1")
+    assert not m.forceRelease(service, b"k", 7, "again", "admin@127.0.0.1")
+    last = m.events.since(0)[0][-1]
+    assert (last.type, last.key, last.token, last.who, last.detail) == (
+        "force-release", b"k", 7, "stuck", "by admin@127.0.0.1: job hung")
+    assert m.forceReleases == 1
