@@ -52,7 +52,10 @@ def take(transport: StringTransport) -> List[bytes]:
     return [line for line in data.split(b"\n") if line]
 
 
-def dial(connector: Owner, acceptor: Owner) -> Tuple[PeerChannel, Optional[PeerChannel], List[bytes]]:
+Dialled = Tuple[PeerChannel, Optional[PeerChannel], List[bytes]]
+
+
+def dial(connector: Owner, acceptor: Owner) -> Dialled:
     """
     Run a handshake between two owners, relaying every line; return both
     channels and the transcript.
@@ -164,7 +167,8 @@ def test_malformed_hellos_are_refused() -> None:
         (b"HELLO 1 " + PEERS[1] + b" abcd", b"bad peer hello"),
         (b"HELLO 2 " + PEERS[1] + b" " + PEERS[0] + b" short", b"bad peer hello"),
         (b"HELLO 2 10.9.9.9:1 " + PEERS[0] + b" " + b"ab" * 16, b"not a peer of this cluster"),
-        (b"HELLO 2 " + PEERS[0] + b" " + PEERS[0] + b" " + b"ab" * 16, b"not a peer of this cluster"),
+        (b"HELLO 2 " + PEERS[0] + b" " + PEERS[0] + b" " + b"ab" * 16,
+         b"not a peer of this cluster"),
     ]:
         t = StringTransport()
         acceptChannel(Owner(0), t, hello)  # type: ignore[arg-type]
