@@ -165,3 +165,76 @@ def test_status_table(spawn) -> None:  # type: ignore[no-untyped-def]
     out = got.stdout.decode()
     assert "role         active" in out
     assert "held keys    1" in out
+
+
+def _runLocked(node, key: str, tmp_path, extra: list, child: str):  # type: ignore[no-untyped-def]
+    """
+    Start C{lockservice run KEY ... -- python -c CHILD}; the child writes
+    its token to a file first.  Returns (process, token file).
+    """
+    tokenFile = tmp_path / f"{key.replace('/', '_')}.token"
+    script = (f"import os, pathlib, signal, time; "
+              f"pathlib.Path({str(tokenFile)!r}).write_text(os.environ['LOCKSERVICE_TOKEN']); "
+              + child)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lockservice.cli", "run", key, "--addr", node.address,
+         *extra, "--", sys.executable, "-c", script],
+        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    waitFor(lambda: tokenFile.exists() and tokenFile.read_text(), 30, what="child started")
+    return proc, tokenFile
+
+
+def test_run_renews_the_lock_while_the_command_runs(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    done = tmp_path / "done"
+    proc, tokenFile = _runLocked(node, "run/renewed", tmp_path, ["--lease", "1"],
+                                 f"time.sleep(3.5); pathlib.Path({str(done)!r}).touch()")
+    try:
+        token = tokenFile.read_text().encode()
+        # Well past the 1 s lease, the key stays held until the child is
+        # done (it writes "done" before it exits, so before run releases).
+        with LineClient(node.port) as c:
+            while True:
+                answer = c.ask(b"A run/renewed 30 0.2")
+                if answer.startswith(b"A "):
+                    assert done.exists(), "the key was free while the command ran"
+                    c.ask(b"R run/renewed " + answer.split()[2])
+                    break
+                assert answer == b"T run/renewed", answer
+        assert proc.wait(30) == 0, proc.stderr.read()  # type: ignore[union-attr]
+        with LineClient(node.port) as c:
+            assert c.ask(b"R run/renewed " + token) == b"R run/renewed STALE"  # released
+    finally:
+        proc.kill()
+
+
+def test_run_stops_the_command_when_the_lock_is_lost(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    proc, tokenFile = _runLocked(node, "run/lost", tmp_path, ["--lease", "3"],
+                                 "time.sleep(60)")
+    try:
+        with LineClient(node.port) as c:
+            # Someone else frees the key: the next renewal answers STALE.
+            token = tokenFile.read_text().encode()
+            assert c.ask(b"R run/lost " + token) == b"R run/lost OK"
+        status = proc.wait(30)
+        stderr = proc.stderr.read().decode()  # type: ignore[union-attr]
+        assert status == 74, stderr
+        assert stderr.count("\n") == 1 and "lost the lock" in stderr and "STALE" in stderr
+    finally:
+        proc.kill()
+
+
+def test_run_kills_a_command_that_ignores_sigterm_after_the_grace(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    proc, tokenFile = _runLocked(
+        node, "run/stubborn", tmp_path, ["--lease", "3", "--grace", "1"],
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")
+    try:
+        with LineClient(node.port) as c:
+            token = tokenFile.read_text().encode()
+            assert c.ask(b"R run/stubborn " + token) == b"R run/stubborn OK"
+        assert proc.wait(30) == 74
+    finally:
+        proc.kill()
