@@ -15,8 +15,8 @@ that release like any other.
 from __future__ import annotations
 
 import time
-from heapq import heappop, heappush
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -112,7 +112,7 @@ class Monitor:
         self.forceReleases = 0
         self._held: Dict[bytes, _Held] = {}
         self._forcing: Optional[Tuple[bytes, int, str]] = None
-        self._due: List[Tuple[float, bytes, int]] = []
+        self._due: Deque[Tuple[float, bytes, int]] = deque()
         self._alarm: Optional[IDelayedCall] = None
 
     # -- the activity observer -------------------------------------------------
@@ -207,12 +207,18 @@ class Monitor:
 
     # -- long holds ------------------------------------------------------------
 
+    # Every grant is watched for the same warnHold, so deadlines come in
+    # grant order: a FIFO (not a heap) and one timer for its head.
+
     def _watch(self, at: float, key: bytes, token: int) -> None:
-        heappush(self._due, (at, key, token))
-        if self._alarm is None or not self._alarm.active():
-            self._arm()
-        elif at < self._alarm.getTime():
-            self._alarm.cancel()
+        self._due.append((at, key, token))
+        if len(self._due) > 2 * len(self._held) + 4096:
+            # Released grants leave their entries behind; drop them so
+            # memory follows the held keys, not the grant rate.
+            self._due = deque(entry for entry in self._due
+                              if (held := self._held.get(entry[1])) is not None
+                              and held.token == entry[2])
+        if self._alarm is None:
             self._arm()
 
     def _arm(self) -> None:
@@ -223,8 +229,9 @@ class Monitor:
     def _check(self) -> None:
         self._alarm = None
         now = self.clock.seconds()
-        while self._due and self._due[0][0] <= now:
-            _, key, token = heappop(self._due)
+        due = self._due
+        while due and due[0][0] <= now:
+            _, key, token = due.popleft()
             held = self._held.get(key)
             if held is None or held.token != token or held.long:
                 continue  # released (or handed over) in time
@@ -251,7 +258,7 @@ class Monitor:
         if self._alarm is not None and self._alarm.active():
             self._alarm.cancel()
         self._alarm = None
-        self._due = []
+        self._due.clear()
 
     # -- force-release ---------------------------------------------------------
 
