@@ -102,6 +102,10 @@ class Options(usage.Options):
                 self["listen"] = f"tcp:{DEFAULT_PORT}"
         if self["peer-timeout"] <= self["heartbeat"]:
             raise usage.UsageError("--peer-timeout must be longer than --heartbeat")
+        if self["peers"] and self["secret"] is None:
+            raise usage.UsageError(
+                "--peers needs --secret FILE: peers must prove a shared secret"
+            )
         if self["secret"] is not None:
             try:
                 with open(self["secret"], "rb") as f:

@@ -24,6 +24,13 @@ from lockservice.client.api import (
 )
 
 
+class HalfCloseableTransport(StringTransport):
+    halfClosed = False
+
+    def loseWriteConnection(self) -> None:
+        self.halfClosed = True
+
+
 class FakeServerSide:
     """
     The far end of one fake connection: what the client wrote, and a way
@@ -33,7 +40,7 @@ class FakeServerSide:
     def __init__(self, address: str, protocol) -> None:  # type: ignore[no-untyped-def]
         self.address = address
         self.protocol = protocol
-        self.transport = StringTransport()
+        self.transport = HalfCloseableTransport()
         protocol.makeConnection(self.transport)
 
     def sent(self) -> List[bytes]:
@@ -451,3 +458,153 @@ def test_ping_is_echoed() -> None:
     assert carrier.sent() == [b"P hello"]
     carrier.answer(b"P hello")
     assert result(d) is True
+
+
+# -- release: the retry schedule and its contract (SPEC section 5) -------------
+
+
+def releaseSends(clock: Clock, net: Network, r: Deferred, answer: Optional[bytes],  # type: ignore[type-arg]
+                 until: float = 12.0) -> List[float]:
+    """
+    Jump from one scheduled call to the next; every R the client sends is
+    noted with its time, then answered with C{answer} (None: the
+    connection drops).
+    """
+    times: List[float] = []
+    while clock.seconds() < until and not r.called:
+        for c in list(net.connections):
+            for line in c.sent():
+                if line.startswith(b"R "):
+                    times.append(round(clock.seconds(), 6))
+                    if answer is None:
+                        c.drop()
+                    else:
+                        c.answer(answer)
+        calls = clock.getDelayedCalls()
+        if not calls:
+            break
+        clock.advance(max(min(c.getTime() for c in calls) - clock.seconds(), 0))
+    return times
+
+
+def test_release_is_sent_every_200ms_for_5s_exactly() -> None:
+    clock, net, client = makeClient(["a:1"])
+    r = client.release(Lock("k", 42))
+    times = releaseSends(clock, net, r, None)
+    assert times == [round(0.2 * k, 6) for k in range(25)]
+    assert failureOf(r).check(ReleaseFailed)
+    # ... and it failed at 5 s, not later.
+    assert round(clock.seconds(), 2) <= 5.01
+
+
+def test_release_on_m_star_fails_within_5s_as_release_failed() -> None:
+    clock, net, client = makeClient(["a:1"])
+    r = client.release(Lock("k", 42))
+    times = releaseSends(clock, net, r, b"M R k *")
+    assert r.called and round(clock.seconds(), 2) <= 5.01
+    assert failureOf(r).check(ReleaseFailed)
+    assert times[0] == 0 and times[-1] <= 4.8
+
+
+def test_release_answered_e_is_release_failed_not_rejected() -> None:
+    clock, net, client = makeClient(["a:1"])
+    r = client.release(Lock("k", 42))
+    net.carrier().answer(b"E R k bad token")
+    assert failureOf(r).check(ReleaseFailed)
+
+
+def test_release_to_a_node_that_never_answers_fails_at_5s_without_flooding() -> None:
+    clock, net, client = makeClient(["a:1"])
+    r = client.release(Lock("k", 42))
+    sent = 0
+    for _ in range(60):
+        sent += sum(len(c.sent()) for c in net.connections)
+        clock.advance(0.1)
+    assert failureOf(r).check(ReleaseFailed)
+    # One copy per connection at most while the earlier ones are unanswered.
+    assert sent == 2
+
+
+def test_release_ok_overtaken_by_its_own_stale_retry_is_still_ok() -> None:
+    clock, net, client = makeClient(["a:1"])
+    r = client.release(Lock("k", 42))
+    first = net.carrier()
+    assert first.sent() == [b"R k 42"]
+    clock.advance(0.2)
+    second = net.carrier()
+    assert second is not first and second.sent() == [b"R k 42"]
+    second.answer(b"R k STALE")
+    assert not r.called
+    first.answer(b"R k OK")
+    assert result(r) is True
+
+
+# -- acquire against nodes that never answer -----------------------------------
+
+
+def test_acquire_with_no_connection_fails_no_connection_after_the_wait() -> None:
+    clock, net, client = makeClient(["a:1"], down=["a:1"])
+    d = client.acquire("k", 30, 1)
+    clock.advance(1.4)
+    assert not d.called
+    clock.advance(0.1)
+    f = failureOf(d)
+    assert f.check(NoConnection) and "a:1" in f.getErrorMessage()
+
+
+def test_acquire_wait_0_with_no_connection_fails_after_5s() -> None:
+    clock, net, client = makeClient(["a:1"], down=["a:1"])
+    d = client.acquire("k", 30, 0)
+    clock.advance(4.9)
+    assert not d.called
+    clock.advance(0.1)
+    assert failureOf(d).check(NoConnection)
+
+
+def test_redirect_retires_the_old_connection_without_losing_a_grant() -> None:
+    """
+    Following a redirect must not cut a connection that still has an answer
+    on its way: a grant lost that way is held by nobody for a whole lease.
+    """
+    clock, net, client = makeClient(["a:1"])
+    s1, s2 = net.connections
+    net.down["a:1"] = True
+    s2.drop()  # everything now goes through s1
+    d1 = client.acquire("k1", 30, 0)
+    d2 = client.acquire("k2", 30, 0)
+    assert s1.sent() == [b"A k1 30 0", b"A k2 30 0"]
+    s1.answer(b"M A k2 act:9")
+    # Half-closed (the server still writes what it decided), not closed.
+    assert s1.transport.halfClosed and not s1.closedByClient  # type: ignore[attr-defined]
+    s1.answer(b"A k1 5")
+    assert result(d1).token == 5
+    assert s1.closedByClient  # nothing pending any more: now closed
+    clock.advance(0)
+    active = net.connections[-1]
+    assert active.address == "act:9" and active.sent() == [b"A k2 30 0"]
+    active.answer(b"A k2 6")
+    assert result(d2).token == 6
+
+
+# -- names ---------------------------------------------------------------------
+
+
+def test_name_is_sent_first_on_every_connection_and_reconnection() -> None:
+    clock = Clock()
+    net = Network()
+    client = connect(clock, ["a:1"], endpointFor=net.endpointFor, name="host1:42:billing")
+    assert [c.sent() for c in net.connections] == [[b"I host1:42:billing"]] * 2
+    net.connections[0].answer(b"I host1:42:billing")
+    net.connections[0].drop()
+    clock.advance(0)
+    assert net.connections[-1].sent() == [b"I host1:42:billing"]
+    d = client.acquire("k", 30, 0)
+    carrier = net.carrier()
+    assert carrier.sent() == [b"A k 30 0"]
+    carrier.answer(b"A k 1")
+    assert result(d).token == 1
+
+
+def test_invalid_name_is_refused() -> None:
+    with pytest.raises(ValueError):
+        connect(Clock(), ["a:1"], endpointFor=Network().endpointFor, name="two words")

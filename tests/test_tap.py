@@ -17,6 +17,13 @@ def parse(args: List[str]) -> Options:
     return options
 
 
+@pytest.fixture
+def secret(tmp_path) -> List[str]:  # type: ignore[no-untyped-def]
+    path = tmp_path / "secret"
+    path.write_text("s3cret\n")
+    return ["--secret", str(path)]
+
+
 def test_defaults() -> None:
     o = parse([])
     assert o["listen"] == "tcp:7700"
@@ -25,20 +32,20 @@ def test_defaults() -> None:
     assert o["peerList"] == [] and o["secretBytes"] == b""
 
 
-def test_node_entry_gives_listen_endpoint() -> None:
-    o = parse(["--peers", "127.0.0.1:7701,127.0.0.1:7702", "--node", "127.0.0.1:7702"])
+def test_node_entry_gives_listen_endpoint(secret) -> None:  # type: ignore[no-untyped-def]
+    o = parse(["--peers", "127.0.0.1:7701,127.0.0.1:7702", "--node", "127.0.0.1:7702"] + secret)
     assert o["self"] == "127.0.0.1:7702"
     assert o["listen"] == "tcp:7702:interface=127.0.0.1"
 
 
-def test_node_inferred_from_listen_port() -> None:
-    o = parse(["--peers", "127.0.0.1:7701,127.0.0.1:7702", "--listen", "tcp:7701"])
+def test_node_inferred_from_listen_port(secret) -> None:  # type: ignore[no-untyped-def]
+    o = parse(["--peers", "127.0.0.1:7701,127.0.0.1:7702", "--listen", "tcp:7701"] + secret)
     assert o["self"] == "127.0.0.1:7701"
 
 
-def test_node_inferred_from_local_address() -> None:
+def test_node_inferred_from_local_address(secret) -> None:  # type: ignore[no-untyped-def]
     # 192.0.2.1 (TEST-NET-1) is never an address of this machine.
-    o = parse(["--peers", "192.0.2.1:7700,127.0.0.1:7700"])
+    o = parse(["--peers", "192.0.2.1:7700,127.0.0.1:7700"] + secret)
     assert o["self"] == "127.0.0.1:7700"
 
 
@@ -47,6 +54,7 @@ def test_node_inferred_from_local_address() -> None:
     (["--peers", "a:1,b:2", "--node", "c:3"], "is not in --peers"),
     (["--node", "a:1"], "--node needs --peers"),
     (["--peers", "nonsense"], "is not host:port"),
+    (["--peers", "127.0.0.1:1,127.0.0.1:2", "--node", "127.0.0.1:1"], "--peers needs --secret"),
     (["--heartbeat", "2", "--peer-timeout", "1"], "must be longer than --heartbeat"),
     (["--max-lease", "0"], "--max-lease must be a number of seconds > 0"),
     (["--max-wait", "inf"], "--max-wait must be a number of seconds"),
@@ -65,6 +73,6 @@ def test_secret_file_is_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert parse(["--secret", str(secret)])["secretBytes"] == b"hunter2"
 
 
-def test_ipv6_node_entry_gives_escaped_listen_endpoint() -> None:
-    o = parse(["--peers", "[::1]:7701,[::1]:7702", "--node", "[::1]:7702"])
+def test_ipv6_node_entry_gives_escaped_listen_endpoint(secret) -> None:  # type: ignore[no-untyped-def]
+    o = parse(["--peers", "[::1]:7701,[::1]:7702", "--node", "[::1]:7702"] + secret)
     assert o["listen"] == "tcp:7702:interface=\\:\\:1"

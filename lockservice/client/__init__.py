@@ -4,22 +4,24 @@ The Deferred-returning client library and the resource-side fencing helper.
     from lockservice.client import connect
 """
 
-from lockservice.client.api import (
-    Lock,
-    LockClient,
+from lockservice.client.api import Lock, LockClient, connect
+from lockservice.client.endpoints import ClientTLS
+from lockservice.client.errors import (
     LockError,
+    LockLost,
     LockRejected,
     LockTimeout,
     NoConnection,
     ReleaseFailed,
-    connect,
 )
 from lockservice.client.fencing import FenceGuard, StaleToken
 
 __all__ = [
+    "ClientTLS",
     "Lock",
     "LockClient",
     "LockError",
+    "LockLost",
     "LockRejected",
     "LockTimeout",
     "NoConnection",

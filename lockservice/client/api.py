@@ -2,120 +2,102 @@
 """
 A Deferred-returning client for Twisted applications (SPEC section 5).
 
-    client = connect(reactor, ["10.0.0.1:7700", "10.0.0.2:7700"])
-    lock = yield client.acquire("orders/42", lease=30, wait=5)
+    client = connect(reactor, ["10.0.0.1:7700", "10.0.0.2:7700"], name="billing")
+    lock = yield client.acquire("orders/42", lease=30, wait=5, keepAlive=True)
+    lock.lost.addCallback(stopWorking)
     ...
     yield client.release(lock)
 
 It keeps one persistent connection per address (two when given a single
-address), picks connections round-robin, pipelines requests, follows
-C{M} redirects to the active node, retries releases, and never leaks a lock
-whose acquire was cancelled.
+address; see L{lockservice.client.pool}), pipelines requests over them
+round-robin, follows C{M} redirects to the active node, retries releases
+and renewals, renews held locks in the background when asked, tells the
+holder when it can no longer be sure it holds a lock, and never leaks a lock
+whose acquire was cancelled.  Given several clusters, it sends each key to
+one of them (L{lockservice.client.sharding}).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import (
     Any,
     Callable,
-    Deque,
     Dict,
     List,
+    Mapping,
     Optional,
     Sequence,
+    Set,
     Tuple,
     TypeVar,
     Union,
 )
 
-from twisted.internet.defer import CancelledError, Deferred, maybeDeferred, succeed
-from twisted.internet.endpoints import connectProtocol
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
+from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
-from twisted.protocols.basic import LineOnlyReceiver
-from twisted.python.failure import Failure
 
+from lockservice.client import sharding
+from lockservice.client.endpoints import (
+    Address,
+    ClientTLS,
+    EndpointFactory,
+    endpointFactory,
+)
+from lockservice.client.errors import (
+    ConnectionDropped,
+    LockError,
+    LockLost,
+    LockRejected,
+    LockTimeout,
+    NoConnection,
+    ReleaseFailed,
+)
+from lockservice.client.pool import RECONNECT_INTERVAL, Pool, Slot
+from lockservice.client.protocol import Fields
 from lockservice.core import wire
-from lockservice.tcp import clientEndpoint, noDelay
 
-RECONNECT_INTERVAL = 3.0
 RELEASE_RETRY_FOR = 5.0
 RELEASE_RETRY_EVERY = 0.2
+RENEW_RETRY_EVERY = 0.2
 NO_ACTIVE_RETRY = 0.1
-MAX_NO_ACTIVE_RETRIES = 100  # 10 s of "M ... *" before giving up
+MAX_NO_ACTIVE_RETRIES = 100  # 10 s of "M ... *" before an acquire gives up
 MAX_REDIRECTS = 20
 ACQUIRE_GRACE = 0.5
+# An acquire that finds no connection up waits this long for one.
+CONNECT_WAIT = 5.0
+# Float sums of 0.2 drift; times closer than this are the same instant.
+_EPSILON = 1e-6
 
 T = TypeVar("T")
 
+__all__ = [
+    "connect", "LockClient", "Lock", "LockError", "LockTimeout", "LockRejected",
+    "NoConnection", "ReleaseFailed", "LockLost", "ClientTLS", "RECONNECT_INTERVAL",
+]
 
-class LockError(Exception):
+
+class _Redirect(Exception):
+    pass
+
+
+class _GaveUp(Exception):
     """
-    Base class of the client's errors.
-    """
-
-
-class LockTimeout(LockError):
-    """
-    The server answered C{T}: no grant within the wait; nothing is held.
-    """
-
-
-class LockRejected(LockError):
-    """
-    The server answered C{E}: the request was malformed or refused.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class NoConnection(LockError):
-    """
-    No connection could carry the request (after one try per connection).
+    A retried request got no usable answer before its deadline.
     """
 
 
-class ReleaseFailed(LockError):
+class _Abandoned(Exception):
     """
-    A release could not be delivered within its retry window; the lease
-    will reclaim the key.
-    """
-
-
-class Lock:
-    """
-    A granted lock: its key and fencing token.
-    """
-
-    __slots__ = ("key", "token")
-
-    def __init__(self, key: str, token: int) -> None:
-        self.key = key
-        self.token = token
-
-    def __repr__(self) -> str:
-        return f"Lock(key={self.key!r}, token={self.token})"
-
-
-class _ConnectionDropped(Exception):
-    """
-    The connection carrying a request closed before its answer arrived.
+    A retried request is no longer wanted (a renewal after a release).
     """
 
 
-class _Redirected(Exception):
-    def __init__(self, address: Optional[str]) -> None:
-        super().__init__(address)
-        self.address = address
-
-
-def _encodeKey(key: Union[str, bytes]) -> bytes:
+def _encodeKey(key: Union[str, bytes], what: str = "key") -> bytes:
     raw = key.encode("utf-8") if isinstance(key, str) else key
     if not wire.isValidKey(raw):
-        raise ValueError(f"invalid key {key!r}: 1-250 bytes of UTF-8, no spaces or controls")
+        raise ValueError(f"invalid {what} {key!r}: 1-250 bytes of UTF-8, "
+                         "no spaces or control characters")
     return raw
 
 
@@ -123,169 +105,88 @@ def _seconds(value: float, name: str) -> bytes:
     return wire.formatSeconds(wire.checkSeconds(value, name, positive=False))
 
 
-class LockClientProtocol(LineOnlyReceiver):
+class Lock:
     """
-    One connection: sends request lines and pairs answers with requests by
-    the echoed (op, key), in send order for equal pairs.
-    """
+    A granted lock: its C{key} and fencing C{token}.
 
-    delimiter = b"\n"
-    MAX_LENGTH = 65536
+    Locks returned by L{LockClient.acquire} also know their C{lease}, the
+    local time until which the client is sure the server still holds the
+    grant (C{expires}, on the client's clock, counted from when the acquire
+    or the last confirmed renewal was I{sent}), and have:
 
-    def __init__(self) -> None:
-        self._pending: Dict[Tuple[bytes, bytes], Deque["Deferred[List[bytes]]"]] = {}
-        self.lost: "Deferred[None]" = Deferred()
+      - C{lost}: a Deferred that fires once, with a L{LockLost}, the moment
+        the client can no longer be sure it holds the lock: a renewal was
+        refused (C{STALE}), or C{expires} passed while renewals failed (or
+        with no renewal at all).  It never fires after a release.
+      - L{renew}, L{keepAlive}, L{stopKeepAlive}, L{release}.
 
-    def connectionMade(self) -> None:
-        noDelay(self.transport)
-
-    def request(self, op: bytes, key: bytes, line: bytes) -> "Deferred[List[bytes]]":
-        """
-        Send C{line}; the Deferred fires with the answer's fields.
-        """
-        d: "Deferred[List[bytes]]" = Deferred()
-        self._pending.setdefault((op, key), deque()).append(d)
-        self.transport.write(line)  # type: ignore[union-attr]
-        return d
-
-    def lineReceived(self, line: bytes) -> None:
-        line = line.rstrip(b"\r")
-        fields = line.split(b" ")
-        kind = fields[0]
-        if kind in (b"A", b"T", b"R") and len(fields) >= 2:
-            pair = (b"R" if kind == b"R" else b"A", fields[1])
-        elif kind == b"P" and len(fields) == 2:
-            pair = (b"P", fields[1])
-        elif kind in (b"M", b"E") and len(fields) >= 3:
-            pair = (fields[1], fields[2])
-        else:
-            return
-        queue = self._pending.get(pair)
-        if not queue and kind == b"E":
-            # An error we cannot pair exactly: fail the oldest request of its op.
-            for (op, _), candidates in self._pending.items():
-                if candidates and (op == fields[1] or fields[1] == b"*"):
-                    queue = candidates
-                    break
-        if not queue:
-            return
-        d = queue.popleft()
-        if not queue:
-            self._pending.pop(pair, None)
-        d.callback(fields)
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
-        pending, self._pending = self._pending, {}
-        for queue in pending.values():
-            for d in queue:
-                d.errback(_ConnectionDropped(str(reason.value)))
-        self.lost.callback(None)
-
-
-class _Slot:
-    """
-    One persistent connection of the client, kept up in the background.
+    C{Lock(key, token)} built by hand (a token from elsewhere) can be
+    released with L{LockClient.release}.
     """
 
-    def __init__(self, client: "LockClient", home: Union[str, IStreamClientEndpoint]) -> None:
-        self.client = client
-        self.home = home
-        self.address: Union[str, IStreamClientEndpoint] = home
-        self.protocol: Optional[LockClientProtocol] = None
-        self.connecting = False
-        self.retry: Optional[IDelayedCall] = None
-        self.waitingForConnection: List["Deferred[None]"] = []
-        # True while the slot closes its link on purpose to follow a redirect.
-        self.switching = False
+    def __init__(self, key: str, token: int, lease: Optional[float] = None,
+                 client: Optional["LockClient"] = None) -> None:
+        self.key = key
+        self.token = token
+        self.lease = lease
+        self.expires: Optional[float] = None
+        self.lost: "Deferred[LockLost]" = Deferred()
+        self.released = False
+        self._client = client
+        self._keepAlive = False
+        self._renewCall: Optional[IDelayedCall] = None
+        self._expiryCall: Optional[IDelayedCall] = None
+        self._lastRenewError: Optional[str] = None
+
+    def __repr__(self) -> str:
+        return f"Lock(key={self.key!r}, token={self.token})"
 
     @property
-    def up(self) -> bool:
-        return self.protocol is not None
+    def isLost(self) -> bool:
+        return self.lost.called
 
-    def connect(self) -> None:
-        if self.connecting or self.protocol is not None or self.client.closed:
-            return
-        self.connecting = True
-        self.retry = None
-        protocol = LockClientProtocol()
-        d = connectProtocol(self.client.endpointFor(self.address), protocol)
-        d.addCallbacks(self._connected, self._failed)
+    def _bound(self) -> "LockClient":
+        if self._client is None:
+            raise LockError("this Lock was built by hand; use client.release(lock)")
+        return self._client
 
-    def _connected(self, protocol: LockClientProtocol) -> None:
-        self.connecting = False
-        if self.client.closed:
-            protocol.transport.loseConnection()  # type: ignore[union-attr]
-            return
-        self.protocol = protocol
-        protocol.lost.addCallback(lambda _: self._lost(protocol))
-        waiting, self.waitingForConnection = self.waitingForConnection, []
-        for d in waiting:
-            d.callback(None)
-        self.client._slotUp()
-
-    def _failed(self, reason: Failure) -> None:
-        self.connecting = False
-        self.client.log.debug("connection to {address} failed: {reason}",
-                              address=self.address, reason=reason.value)
-        failedAddress = self.address
-        # A redirect target that cannot be reached: go back home next time.
-        self.address = self.home
-        self._scheduleRetry(RECONNECT_INTERVAL)
-        waiting, self.waitingForConnection = self.waitingForConnection, []
-        for d in waiting:
-            d.errback(NoConnection(f"cannot connect to {failedAddress}"))
-
-    def _lost(self, protocol: LockClientProtocol) -> None:
-        if self.protocol is not protocol:
-            return
-        self.protocol = None
-        if self.client.closed:
-            return
-        if self.address != self.home and not self.switching:
-            self.address = self.home
-        self.switching = False
-        # Reconnect at once after a drop; failures then retry every 3 s.
-        self._scheduleRetry(0)
-
-    def switchTo(self, address: str) -> "Deferred[None]":
+    def renew(self, lease: Optional[float] = None) -> "Deferred[bool]":
         """
-        Follow a redirect: reconnect this slot to C{address}.
+        Renew now: the server's grant then runs C{lease} seconds (default:
+        the acquire's lease) from when the renewal is received.
 
-        @return: fires when the slot is connected again.
+        @return: a Deferred firing True (C{OK}) or False (C{STALE}: the lock
+            is lost, and C{lost} has fired); failing with L{LockRejected}
+            (C{E}) or L{NoConnection} (no answer before C{expires}).
         """
-        if self.address == address and self.protocol is not None:
-            return succeed(None)
-        d: "Deferred[None]" = Deferred()
-        self.waitingForConnection.append(d)
-        self.address = address
-        if self.protocol is not None:
-            self.switching = True
-            self.protocol.transport.loseConnection()  # type: ignore[union-attr]
-        else:
-            self._scheduleRetry(0)
-        return d
+        return self._bound().renew(self, lease)
 
-    def _scheduleRetry(self, delay: float) -> None:
-        if self.retry is not None and self.retry.active():
-            if delay > 0:
-                return
-            self.retry.cancel()
-        self.retry = self.client.clock.callLater(delay, self.connect)
+    def keepAlive(self) -> None:
+        """
+        Renew automatically every third of the lease (each renewal retried
+        every 200 ms across connections and redirects) until released or
+        lost.
+        """
+        self._bound()._startKeepAlive(self)
 
-    def close(self) -> Optional["Deferred[None]"]:
-        if self.retry is not None and self.retry.active():
-            self.retry.cancel()
-        self.retry = None
-        if self.protocol is not None:
-            lost = self.protocol.lost
-            self.protocol.transport.loseConnection()  # type: ignore[union-attr]
-            return lost
-        return None
+    def stopKeepAlive(self) -> None:
+        self._keepAlive = False
+        if self._renewCall is not None and self._renewCall.active():
+            self._renewCall.cancel()
+        self._renewCall = None
+
+    def release(self) -> "Deferred[bool]":
+        """
+        Same as C{client.release(lock)}.
+        """
+        return self._bound().release(self)
 
 
 class LockClient:
     """
     The client object returned by L{connect}.
+
+    @ivar pools: one L{Pool} of connections per cluster.
     """
 
     log = Logger()
@@ -293,81 +194,100 @@ class LockClient:
     def __init__(
         self,
         clock: IReactorTime,
-        addresses: Sequence[Union[str, IStreamClientEndpoint]],
-        endpointFor: Callable[[Union[str, IStreamClientEndpoint]], IStreamClientEndpoint],
+        clusters: Sequence[Sequence[Address]],
+        endpointFor: EndpointFactory,
+        name: Optional[bytes] = None,
+        clusterIds: Optional[Sequence[bytes]] = None,
     ) -> None:
-        if not addresses:
-            raise ValueError("at least one address is needed")
+        if not clusters or not all(clusters):
+            raise ValueError("at least one address is needed (per cluster)")
         self.clock = clock
         self.endpointFor = endpointFor
-        homes = list(addresses) * 2 if len(addresses) == 1 else list(addresses)
-        self.slots = [_Slot(self, home) for home in homes]
+        self.name = name
+        self.pools = [Pool(clock, homes, endpointFor, name) for homes in clusters]
+        self.clusterIds = list(clusterIds) if clusterIds else [
+            str(homes[0]).encode("utf-8") for homes in clusters]
+        if len(set(self.clusterIds)) != len(self.clusterIds):
+            raise ValueError("two clusters have the same first address (or name)")
         self.closed = False
-        self._next = 0
-        self._readyWaiters: List["Deferred[None]"] = []
-        self._timers: "set[IDelayedCall]" = set()
+        self._timers: Set[IDelayedCall] = set()
+        self._held: Dict[Tuple[str, int], Lock] = {}
+        self._nextPool = 0
+        # Fail what is still waiting on a timer when the client is closed.
+        self._onClose: Set[Callable[[Exception], None]] = set()
 
     def start(self) -> None:
-        for slot in self.slots:
-            slot.connect()
+        for pool in self.pools:
+            pool.start()
 
-    # -- connection choice ---------------------------------------------------
+    # -- connections ---------------------------------------------------------
 
-    def _pick(self) -> Optional[_Slot]:
+    @property
+    def slots(self) -> List[Slot]:
         """
-        The next connected slot, round-robin; None when all are down.
+        Every connection slot of every cluster.
         """
-        count = len(self.slots)
-        for i in range(count):
-            slot = self.slots[(self._next + i) % count]
-            if slot.up:
-                self._next = (self._next + i + 1) % count
-                return slot
-        return None
+        return [slot for pool in self.pools for slot in pool.slots]
+
+    def poolFor(self, rawKey: bytes) -> Pool:
+        """
+        The cluster that serves C{rawKey}.
+        """
+        if len(self.pools) == 1:
+            return self.pools[0]
+        return self.pools[sharding.choose(self.clusterIds, rawKey)]
 
     def whenConnected(self, timeout: float = 10.0) -> "Deferred[None]":
         """
-        Fires once at least one connection is up (fails after C{timeout}).
+        Fires once every cluster has a connection up; fails with
+        L{NoConnection} (naming the last connection error) after C{timeout}.
         """
-        if any(slot.up for slot in self.slots):
-            return succeed(None)
-        d: "Deferred[None]" = Deferred()
-        self._readyWaiters.append(d)
+        deadline = self.clock.seconds() + timeout
 
-        def expire() -> None:
-            if d in self._readyWaiters:
-                self._readyWaiters.remove(d)
-                d.errback(NoConnection("no connection to any lockservice node"))
+        async def all_up() -> None:
+            for pool in self.pools:
+                await pool.whenConnected(max(deadline - self.clock.seconds(), 0))
 
-        self._later(timeout, expire)
-        return d
-
-    def _slotUp(self) -> None:
-        waiters, self._readyWaiters = self._readyWaiters, []
-        for d in waiters:
-            d.callback(None)
+        return Deferred.fromCoroutine(all_up())
 
     def _later(self, delay: float, f: Callable[[], object]) -> IDelayedCall:
         def run() -> None:
             self._timers.discard(call)
             f()
 
-        call = self.clock.callLater(delay, run)
+        call = self.clock.callLater(max(delay, 0), run)
         self._timers.add(call)
         return call
 
+    def _cancel(self, call: Optional[IDelayedCall]) -> None:
+        if call is not None:
+            self._timers.discard(call)
+            if call.active():
+                call.cancel()
+
     def _sleep(self, delay: float) -> "Deferred[None]":
         d: "Deferred[None]" = Deferred()
-        self._later(delay, lambda: d.callback(None))
+
+        def wake() -> None:
+            self._onClose.discard(stop)
+            d.callback(None)
+
+        def stop(error: Exception) -> None:
+            d.errback(error)
+
+        self._onClose.add(stop)
+        self._later(delay, wake)
         return d
 
     # -- acquire -------------------------------------------------------------
 
-    def acquire(self, key: Union[str, bytes], lease: float, wait: float = 0) -> "Deferred[Lock]":
+    def acquire(self, key: Union[str, bytes], lease: float, wait: float = 0,
+                keepAlive: bool = False) -> "Deferred[Lock]":
         """
         Acquire C{key} for C{lease} seconds, waiting at most C{wait} seconds
         (0: no limit).
 
+        @param keepAlive: renew the lock automatically (see L{Lock.keepAlive}).
         @return: a Deferred firing with a L{Lock}, or failing with
             L{LockTimeout}, L{LockRejected} or L{NoConnection}.  Cancelling it
             never leaks a lock: a grant that arrives later is released.
@@ -378,6 +298,8 @@ class LockClient:
         leaseField = _seconds(lease, "lease")
         _seconds(wait, "wait")
         deadline = self.clock.seconds() + wait if wait > 0 else None
+        keyText = key if isinstance(key, str) else key.decode("utf-8")
+        pool = self.poolFor(rawKey)
 
         def line() -> bytes:
             # A request re-sent after a drop or a redirect asks only for
@@ -388,8 +310,7 @@ class LockClient:
                 remaining = _seconds(max(deadline - self.clock.seconds(), 0.001), "wait")
             return b"A " + rawKey + b" " + leaseField + b" " + remaining + b"\n"
 
-        state = {"cancelled": False}
-        keyText = key if isinstance(key, str) else key.decode("utf-8")
+        state = {"cancelled": False, "sent": False}
 
         def giveUp(d: "Deferred[Lock]", error: Exception) -> None:
             if not d.called:
@@ -401,68 +322,80 @@ class LockClient:
         if deadline is not None:
             # The server answers T at the deadline; if its answer is held up
             # (a stalled link, a paused node) we stop waiting a little later.
-            guard = self._later(wait + ACQUIRE_GRACE, lambda: giveUp(
-                result, LockTimeout(f"no answer for {keyText!r} within {wait}s")))
+            def noAnswer() -> None:
+                if state["sent"]:
+                    giveUp(result, LockTimeout(
+                        f"no answer for {keyText!r} within {wait:g} s (+{ACQUIRE_GRACE:g} s)"))
+                else:
+                    giveUp(result, NoConnection(
+                        f"no connection within {wait:g} s: {pool.lastError()}"))
+
+            guard = self._later(wait + ACQUIRE_GRACE, noAnswer)
+
+        def sent() -> None:
+            state["sent"] = True
 
         async def attempt() -> None:
             try:
-                fields = await self._send(b"A", rawKey, line, dropsAllowed=len(self.slots),
-                                          deadline=deadline)
+                fields, sentAt = await self._send(pool, b"A", rawKey, line,
+                                                  deadline=deadline, onSend=sent)
             except Exception as e:
-                fields = None
+                self._cancel(guard)
                 if not state["cancelled"]:
                     result.errback(e)
-            if guard is not None and guard.active():
-                guard.cancel()
-                self._timers.discard(guard)
-            if fields is None:
                 return
-            if fields[0] == b"A":
-                lock = Lock(keyText, int(fields[2]))
-                if state["cancelled"]:
-                    # Too late: the caller gave up, so give the key back.
-                    self.release(lock).addErrback(lambda f: None)
-                else:
-                    result.callback(lock)
-            elif not state["cancelled"]:
-                result.errback(LockTimeout(f"no grant for {keyText!r} within {wait}s"))
+            self._cancel(guard)
+            if fields[0] != b"A":
+                if not state["cancelled"]:
+                    result.errback(LockTimeout(f"no grant for {keyText!r} within {wait:g} s"))
+                return
+            lock = Lock(keyText, int(fields[2]), lease, self)
+            if state["cancelled"] or self.closed:
+                # Too late: the caller gave up, so give the key back.
+                self.release(lock).addErrback(lambda f: None)
+                return
+            self._hold(lock, sentAt, keepAlive)
+            result.callback(lock)
 
         Deferred.fromCoroutine(attempt())
         return result
 
     async def _send(
-        self, op: bytes, key: bytes, line: Callable[[], bytes], dropsAllowed: int,
-        waitForConnection: bool = True, deadline: Optional[float] = None,
-    ) -> List[bytes]:
+        self, pool: Pool, op: bytes, key: bytes, line: Callable[[], bytes],
+        deadline: Optional[float] = None, onSend: Optional[Callable[[], None]] = None,
+    ) -> Tuple[Fields, float]:
         """
-        Send a request (C{line()} builds it for each try), following
-        redirects and moving to the next connection when one drops; answers
-        C{A}/C{T}/C{R} fields.  Past C{deadline}, an acquire ends as C{T}.
+        Send an acquire (C{line()} builds it for each try), following
+        redirects and moving to the next connection when one drops.
+
+        @return: the answer's fields and the local time the answered request
+            was sent.  Past C{deadline}, the acquire ends as C{T}.
         """
+        dropsAllowed = len(pool.slots)
         drops = 0
         redirects = 0
         unknownActive = 0
-        slot: Optional[_Slot] = None
+        slot: Optional[Slot] = None
         while True:
             if self.closed:
                 raise NoConnection("client closed")
-            if deadline is not None and self.clock.seconds() >= deadline:
-                return [b"T", key]
+            now = self.clock.seconds()
+            if deadline is not None and now >= deadline:
+                return [b"T", key], now
             if slot is None or not slot.up:
-                slot = self._pick()
+                slot = pool.pick()
             if slot is None:
-                drops += 1
-                if drops > dropsAllowed or not waitForConnection:
-                    raise NoConnection("no usable connection to any lockservice node")
-                try:
-                    await self.whenConnected(RECONNECT_INTERVAL + 1)
-                except NoConnection:
-                    pass
+                # Nothing is up: wait for the background redial, at most
+                # CONNECT_WAIT; NoConnection then says why none came.
+                await pool.whenConnected(CONNECT_WAIT)
                 continue
             assert slot.protocol is not None
+            sentAt = self.clock.seconds()
+            if onSend is not None:
+                onSend()
             try:
                 fields = await slot.protocol.request(op, key, line())
-            except _ConnectionDropped:
+            except ConnectionDropped:
                 drops += 1
                 if drops >= dropsAllowed:
                     raise NoConnection(
@@ -488,36 +421,296 @@ class LockClient:
                 continue
             if fields[0] == b"E":
                 raise LockRejected(b" ".join(fields[3:]).decode("utf-8", "replace"))
-            return fields
+            return fields, sentAt
+
+    # -- retried requests (release, renew) -----------------------------------
+
+    def _deliver(
+        self, pool: Pool, op: bytes, key: bytes, line: bytes, every: float,
+        giveUpAt: float, wanted: Callable[[], bool] = lambda: True,
+    ) -> "Deferred[Tuple[Fields, float]]":
+        """
+        Send an idempotent request (C{R}, C{N}) at once, then again every
+        C{every} seconds (at start + k * every exactly) on a connection that
+        is not already carrying it, until an answer settles it or
+        C{giveUpAt} (then L{_GaveUp}).  A redirect is followed at once.
+
+        An C{OK} answer settles at once; a C{STALE} one only when no other
+        copy is still on its way (a retry may overtake the copy that did the
+        work and come back C{STALE} first).
+
+        @return: the answer's fields and when the answered copy was sent.
+        """
+        start = self.clock.seconds()
+        result: "Deferred[Tuple[Fields, float]]" = Deferred()
+        carrying: Set[int] = set()  # id() of slots with a copy on its way
+        state: Dict[str, Any] = {"stale": None, "problem": "no connection up", "tick": None,
+                                 "k": 0, "end": None}
+
+        def finish(value: Any) -> None:
+            self._onClose.discard(finish)
+            if result.called:
+                return
+            self._cancel(state["tick"])
+            self._cancel(state["end"])
+            if isinstance(value, Exception):
+                result.errback(value)
+            else:
+                result.callback(value)
+
+        def sendOn(slot: Slot) -> None:
+            if result.called or not wanted():
+                finish(_Abandoned())
+                return
+            assert slot.protocol is not None
+            sentAt = self.clock.seconds()
+            carrying.add(id(slot))
+            d = slot.protocol.request(op, key, line)
+
+            def answered(fields: Fields) -> None:
+                carrying.discard(id(slot))
+                if fields[0] == b"M":
+                    target = fields[3] if len(fields) > 3 else b"*"
+                    if target == b"*":
+                        state["problem"] = "no active node (M *)"
+                        settleStale()
+                        return
+                    state["problem"] = f"redirected to {target.decode()}"
+                    switched = slot.switchTo(target.decode())
+                    switched.addCallbacks(
+                        lambda _: sendOn(slot) if slot.up and not result.called else None,
+                        lambda f: None)
+                    return
+                if fields[0] == b"E":
+                    finish(LockRejected(b" ".join(fields[3:]).decode("utf-8", "replace")))
+                    return
+                if len(fields) >= 3 and fields[2] == b"STALE":
+                    state["stale"] = (fields, sentAt)
+                    settleStale()
+                    return
+                finish((fields, sentAt))
+
+            def dropped(failure: Any) -> None:
+                carrying.discard(id(slot))
+                state["problem"] = f"connection dropped ({failure.getErrorMessage()})"
+                settleStale()
+
+            d.addCallbacks(answered, dropped)
+
+        def settleStale() -> None:
+            if state["stale"] is not None and not carrying:
+                finish(state["stale"])
+
+        def tick() -> None:
+            state["tick"] = None
+            if result.called:
+                return
+            if not wanted():
+                finish(_Abandoned())
+                return
+            slot = self._pickFree(pool, carrying)
+            if slot is not None:
+                sendOn(slot)
+            state["k"] += 1
+            at = start + state["k"] * every
+            if at < giveUpAt - _EPSILON:
+                state["tick"] = self._later(at - self.clock.seconds(), tick)
+
+        def end() -> None:
+            state["end"] = None
+            if state["stale"] is not None:
+                finish(state["stale"])
+            else:
+                finish(_GaveUp(state["problem"]))
+
+        state["end"] = self._later(giveUpAt - start, end)
+        self._onClose.add(finish)
+        tick()
+        return result
+
+    def _pickFree(self, pool: Pool, busy: Set[int]) -> Optional[Slot]:
+        for _ in range(len(pool.slots)):
+            slot = pool.pick()
+            if slot is None:
+                return None
+            if id(slot) not in busy:
+                return slot
+        return None
 
     # -- release -------------------------------------------------------------
 
     def release(self, lock: Lock) -> "Deferred[bool]":
         """
-        Release C{lock}.  Retried every 200 ms for 5 s across dropped
-        connections and redirects.
+        Release C{lock}: sent at once, then again every 200 ms (on another
+        connection, across drops and redirects) until answered, for 5 s at
+        most.  Keep-alive stops first: no renewal is sent after this call.
 
         @return: a Deferred firing True (C{OK}) or False (C{STALE}: the lock
             had already expired or been released), or failing with
-            L{ReleaseFailed}.
+            L{ReleaseFailed} -- within 5 s, whatever the network does.
         """
         rawKey = _encodeKey(lock.key)
+        self._forget(lock)
+        tracked = self._held.pop((lock.key, lock.token), None)
+        if tracked is not None and tracked is not lock:
+            self._forget(tracked)
         line = b"R " + rawKey + b" " + str(lock.token).encode() + b"\n"
-        deadline = self.clock.seconds() + RELEASE_RETRY_FOR
+        if self.closed:
+            return Deferred.fromCoroutine(self._failedRelease(lock, "client closed"))
+        d = self._deliver(self.poolFor(rawKey), b"R", rawKey, line, RELEASE_RETRY_EVERY,
+                          self.clock.seconds() + RELEASE_RETRY_FOR)
 
-        async def attempt() -> bool:
-            while True:
-                try:
-                    fields = await self._send(
-                        b"R", rawKey, lambda: line, dropsAllowed=1, waitForConnection=False
-                    )
-                    return fields[2] == b"OK"
-                except (NoConnection, _ConnectionDropped) as e:
-                    if self.closed or self.clock.seconds() + RELEASE_RETRY_EVERY > deadline:
-                        raise ReleaseFailed(f"release of {lock!r} not delivered: {e}") from None
-                    await self._sleep(RELEASE_RETRY_EVERY)
+        def done(answer: Tuple[Fields, float]) -> bool:
+            return answer[0][2] == b"OK"
 
-        return Deferred.fromCoroutine(attempt())
+        def failed(failure: Any) -> bool:
+            raise ReleaseFailed(
+                f"release of {lock!r} not confirmed within {RELEASE_RETRY_FOR:g} s: "
+                f"{failure.getErrorMessage()}")
+
+        return d.addCallbacks(done, failed)
+
+    async def _failedRelease(self, lock: Lock, why: str) -> bool:
+        raise ReleaseFailed(f"release of {lock!r} not sent: {why}")
+
+    def _forget(self, lock: Lock) -> None:
+        """
+        C{lock} is released: stop its keep-alive and its expiry watch.
+        """
+        lock.released = True
+        lock.stopKeepAlive()
+        self._cancel(lock._expiryCall)
+        lock._expiryCall = None
+
+    # -- holding: renewals, keep-alive, loss ----------------------------------
+
+    def _hold(self, lock: Lock, sentAt: float, keepAlive: bool) -> None:
+        assert lock.lease is not None
+        self._held[(lock.key, lock.token)] = lock
+        now = self.clock.seconds()
+        if sentAt + lock.lease > now:
+            self._confirmed(lock, sentAt)
+        # else: the grant came after its lease, counted from the send, had
+        # run out (a long wait in the queue): we cannot be sure we hold it.
+        # A keep-alive renews at once; without one the lock is lost now.
+        if keepAlive:
+            self._startKeepAlive(lock)
+        elif lock.expires is None:
+            self._lose(lock, "the grant arrived after its lease (counted from the acquire's "
+                             "send) had run out; renew at once or use keepAlive")
+
+    def _confirmed(self, lock: Lock, sentAt: float, lease: Optional[float] = None) -> None:
+        """
+        The server holds the grant until at least C{sentAt + lease}.
+        """
+        lease = lock.lease if lease is None else lease
+        assert lease is not None
+        expires = sentAt + lease
+        if lock.expires is not None and expires <= lock.expires:
+            return
+        lock.expires = expires
+        self._cancel(lock._expiryCall)
+        lock._expiryCall = self._later(expires - self.clock.seconds(),
+                                       lambda: self._expired(lock))
+
+    def _expired(self, lock: Lock) -> None:
+        lock._expiryCall = None
+        if lock.released:
+            return
+        if lock._keepAlive or lock._lastRenewError:
+            why = lock._lastRenewError or "no answer"
+            self._lose(lock, f"the lease ran out on the client's clock while renewals "
+                             f"failed ({why})")
+        else:
+            self._lose(lock, "the lease ran out (no renewal)")
+
+    def _lose(self, lock: Lock, reason: str) -> None:
+        lock.stopKeepAlive()
+        self._cancel(lock._expiryCall)
+        lock._expiryCall = None
+        self._held.pop((lock.key, lock.token), None)
+        if not lock.lost.called and not lock.released:
+            self.log.warn("{lost}", lost=str(LockLost(lock.key, lock.token, reason)))
+            lock.lost.callback(LockLost(lock.key, lock.token, reason))
+
+    def _startKeepAlive(self, lock: Lock) -> None:
+        if lock.released or lock.isLost or lock._keepAlive:
+            return
+        lock._keepAlive = True
+        self._scheduleRenewal(lock)
+
+    def _scheduleRenewal(self, lock: Lock) -> None:
+        assert lock.lease is not None
+        if not lock._keepAlive or lock.released or lock.isLost:
+            return
+        if lock._renewCall is not None and lock._renewCall.active():
+            self._cancel(lock._renewCall)
+        if lock.expires is None:
+            delay = 0.0
+        else:
+            # Every third of the lease, from the last confirmed send.
+            delay = lock.expires - lock.lease * 2 / 3 - self.clock.seconds()
+
+        def due() -> None:
+            lock._renewCall = None
+            d = self.renew(lock)
+            d.addErrback(lambda f: None)  # told through lock.lost
+
+        lock._renewCall = self._later(delay, due)
+
+    def renew(self, lock: Lock, lease: Optional[float] = None) -> "Deferred[bool]":
+        """
+        See L{Lock.renew}.
+        """
+        lease = lock.lease if lease is None else lease
+        if lease is None:
+            raise ValueError("renew() of a hand-built Lock needs a lease")
+        if lease <= 0:
+            raise ValueError("lease must be > 0 seconds")
+        rawKey = _encodeKey(lock.key)
+        line = (b"N " + rawKey + b" " + str(lock.token).encode() + b" "
+                + _seconds(lease, "lease") + b"\n")
+        if lock.released or self.closed:
+            return Deferred.fromCoroutine(self._renewRefused(lock, "released"))
+        now = self.clock.seconds()
+        # Worth retrying while we still hold the grant on our own clock.
+        giveUpAt = lock.expires if lock.expires is not None else now + RELEASE_RETRY_FOR
+        giveUpAt = max(giveUpAt, now + RENEW_RETRY_EVERY)
+        d = self._deliver(self.poolFor(rawKey), b"N", rawKey, line, RENEW_RETRY_EVERY,
+                          giveUpAt, wanted=lambda: not lock.released and not self.closed)
+
+        def answered(answer: Tuple[Fields, float]) -> bool:
+            fields, sentAt = answer
+            if lock.released:
+                return fields[2] == b"OK"
+            if fields[2] == b"OK":
+                lock._lastRenewError = None
+                self._confirmed(lock, sentAt, lease)
+                self._scheduleRenewal(lock)
+                return True
+            self._lose(lock, f"renewal refused: token {lock.token} no longer holds the key "
+                             "(STALE: it expired, was released or was force-released)")
+            return False
+
+        def failed(failure: Any) -> bool:
+            if failure.check(_Abandoned):
+                raise LockError(f"{lock!r} was released; renewal not sent")
+            if failure.check(LockRejected):
+                lock._lastRenewError = f"rejected: {failure.value.message}"
+                lock.stopKeepAlive()
+                if lock.expires is None:
+                    self._lose(lock, f"renewal {lock._lastRenewError}")
+                raise failure.value
+            lock._lastRenewError = failure.getErrorMessage()
+            if lock.expires is None or lock.expires <= self.clock.seconds() + _EPSILON:
+                self._lose(lock, f"the lease ran out on the client's clock while renewals "
+                                 f"failed ({lock._lastRenewError})")
+            raise NoConnection(f"renewal of {lock!r} not confirmed: {lock._lastRenewError}")
+
+        return d.addCallbacks(answered, failed)
+
+    async def _renewRefused(self, lock: Lock, why: str) -> bool:
+        raise LockError(f"cannot renew {lock!r}: {why}")
 
     # -- helpers -------------------------------------------------------------
 
@@ -535,40 +728,52 @@ class LockClient:
 
         return Deferred.fromCoroutine(run())
 
-    def lock(self, key: Union[str, bytes], lease: float, wait: float = 0) -> "_Held":
+    def lock(self, key: Union[str, bytes], lease: float, wait: float = 0,
+             keepAlive: bool = False) -> "_Held":
         """
-        C{async with client.lock(key, lease, wait) as lock: ...}
+        C{async with client.lock(key, lease, wait, keepAlive=True) as lock: ...}
         """
-        return _Held(self, key, lease, wait)
+        return _Held(self, key, lease, wait, keepAlive)
 
     def ping(self, word: str = "ping") -> "Deferred[bool]":
         """
         Send C{P word} on the next connection; True when it is echoed.
         """
-        raw = _encodeKey(word)
+        raw = _encodeKey(word, "word")
+        pool = self.pools[self._nextPool % len(self.pools)]
+        self._nextPool += 1
 
         async def attempt() -> bool:
-            slot = self._pick()
+            slot = pool.pick()
             if slot is None or slot.protocol is None:
-                raise NoConnection("no connection")
-            fields = await slot.protocol.request(b"P", raw, b"P " + raw + b"\n")
+                raise NoConnection(f"no connection: {pool.lastError()}")
+            try:
+                fields = await slot.protocol.request(b"P", raw, b"P " + raw + b"\n")
+            except ConnectionDropped as e:
+                raise NoConnection(f"connection dropped: {e}") from None
             return fields == [b"P", raw]
 
         return Deferred.fromCoroutine(attempt())
 
     def close(self) -> "Deferred[None]":
         """
-        Stop reconnecting and close every connection.
+        Stop reconnecting, stop every keep-alive, cancel every timer and
+        close every connection.
         """
         self.closed = True
+        for lock in list(self._held.values()):
+            lock.stopKeepAlive()
+            self._cancel(lock._expiryCall)
+            lock._expiryCall = None
+        self._held.clear()
         for call in list(self._timers):
             if call.active():
                 call.cancel()
         self._timers.clear()
-        lost = [d for d in (slot.close() for slot in self.slots) if d is not None]
-        for waiter in self._readyWaiters:
-            waiter.errback(NoConnection("client closed"))
-        self._readyWaiters = []
+        stopping, self._onClose = self._onClose, set()
+        for stop in stopping:
+            stop(_GaveUp("client closed"))
+        lost = [d for pool in self.pools for d in pool.close()]
 
         async def all_lost() -> None:
             for d in lost:
@@ -579,15 +784,17 @@ class LockClient:
 
 class _Held:
     def __init__(self, client: LockClient, key: Union[str, bytes], lease: float,
-                 wait: float) -> None:
+                 wait: float, keepAlive: bool) -> None:
         self.client = client
         self.key = key
         self.lease = lease
         self.wait = wait
+        self.keepAlive = keepAlive
         self.held: Optional[Lock] = None
 
     async def __aenter__(self) -> Lock:
-        self.held = await self.client.acquire(self.key, self.lease, self.wait)
+        self.held = await self.client.acquire(self.key, self.lease, self.wait,
+                                              keepAlive=self.keepAlive)
         return self.held
 
     async def __aexit__(self, *exc: object) -> None:
@@ -598,38 +805,62 @@ class _Held:
                 self.client.log.warn("could not release {lock}; its lease will", lock=self.held)
 
 
-Address = Union[str, IStreamClientEndpoint]
-EndpointFactory = Callable[[Address], IStreamClientEndpoint]
+Addresses = Union[
+    str,
+    Sequence[Address],
+    Sequence[Sequence[Address]],
+    Mapping[str, Sequence[Address]],
+]
 
 
-def _defaultEndpoint(reactor: Any) -> EndpointFactory:
-    def endpointFor(address: Address) -> IStreamClientEndpoint:
-        if not isinstance(address, str):
-            return address
-        host, _, port = address.rpartition(":")
-        return clientEndpoint(reactor, host, int(port), timeout=5)  # type: ignore[no-any-return]
+def parseClusters(addresses: Addresses) -> Tuple[List[List[Address]], Optional[List[bytes]]]:
+    """
+    The clusters named by C{addresses}, and their ids when named:
 
-    return endpointFor
+      - C{"a:1,b:2"}: one cluster; C{"a:1,b:2;c:3,d:4"}: two clusters
+      - C{["a:1", "b:2"]} (strings or endpoints): one cluster
+      - C{[["a:1", "b:2"], ["c:3"]]}: one cluster per inner list
+      - C{{"east": ["a:1"], "west": ["c:3"]}}: named clusters
+
+    A cluster's id (its weight in the key-to-cluster hashing) is its name,
+    else its first address as written: keep it stable.
+    """
+    if isinstance(addresses, str):
+        clusters = [[a.strip() for a in part.split(",") if a.strip()]
+                    for part in addresses.split(";") if part.strip()]
+        return clusters, None  # type: ignore[return-value]
+    if isinstance(addresses, Mapping):
+        names = list(addresses)
+        return [list(addresses[n]) for n in names], [n.encode("utf-8") for n in names]
+    items = list(addresses)
+    if items and all(isinstance(a, (list, tuple)) for a in items):
+        return [list(a) for a in items], None  # type: ignore[arg-type]
+    return [items], None  # type: ignore[list-item]
 
 
 def connect(
     reactor: Any,
-    addresses: Union[str, Sequence[Address]],
+    addresses: Addresses,
     endpointFor: Optional[EndpointFactory] = None,
+    *,
+    name: Optional[str] = None,
+    tls: Optional[ClientTLS] = None,
 ) -> LockClient:
     """
-    Start a client for the nodes at C{addresses} (C{host:port} strings,
-    a comma-separated string, or client endpoints).  Connections come up in
-    the background; C{client.whenConnected()} fires when the first is up.
+    Start a client for the nodes at C{addresses} (see L{parseClusters}:
+    C{host:port} strings, endpoints, or several clusters).  Connections come
+    up in the background; C{client.whenConnected()} fires when they are.
+
+    @param name: sent as C{I <name>} on every (re)connection, so the node
+        shows this client's holds and waits by name (key grammar).
+    @param tls: connect with TLS (L{ClientTLS}: the CA that signed the
+        nodes' certificates, and optionally this client's certificate).
+    @param endpointFor: build the endpoint of an address yourself (tests).
     """
-    if isinstance(addresses, str):
-        addresses = [a.strip() for a in addresses.split(",") if a.strip()]
-    client = LockClient(reactor, addresses, endpointFor or _defaultEndpoint(reactor))
+    clusters, ids = parseClusters(addresses)
+    rawName = _encodeKey(name, "name") if name is not None else None
+    client = LockClient(reactor, clusters, endpointFor or endpointFactory(reactor, tls),
+                        rawName, ids)
     client.start()
     return client
 
-
-__all__ = [
-    "connect", "LockClient", "Lock", "LockError", "LockTimeout", "LockRejected",
-    "NoConnection", "ReleaseFailed",
-]

@@ -1,17 +1,28 @@
-# -*- test-case-name: tests.test_cluster -*-
+# -*- test-case-name: tests.test_peer -*-
 """
 Peer connections: the handshake that proves knowledge of the shared
 secret, then a line channel carrying cluster messages.
 
 Peers use the client port.  The connecting node's first line is
-C{HELLO}; both sides then prove they know the secret (HMAC-SHA256 over
-both sides' nonces), so neither a stranger nor an impostor node gets in.
+C{HELLO}.  Every proof is an HMAC-SHA256 under the shared secret over the
+same transcript: who connects (C), whom it means to reach (A), and both
+sides' fresh nonces; a label names the step, and so its direction:
 
-    connector                          acceptor
-    HELLO 1 <entry> <nonceC>      ->
-                                  <-   CHALLENGE <nonceS> <mac("acceptor", nonceC, nonceS)>
-    AUTH <mac("connector", ...)>  ->
-                                  <-   WELCOME
+    connector C                                    acceptor A
+    HELLO 2 <C> <A> <nonceC>                  ->
+                                              <-   CHALLENGE <nonceA> <mac("challenge")>
+    AUTH <mac("auth")>                        ->
+                                              <-   WELCOME <mac("welcome")>
+
+Why each part is there:
+  - both nonces: a recorded handshake fails against a new nonce (replay);
+  - both identities: a stranger that binds the port of a peer that is
+    down cannot relay one node's HELLO to another node, since the proofs
+    name the node each side meant to talk to (reflection, relay);
+  - the step labels: one side's proof is never a valid proof for the
+    other side or another step;
+  - an authenticated WELCOME: the connector only trusts a link whose
+    acceptor has proven the secret on the whole transcript.
 """
 
 from __future__ import annotations
@@ -22,12 +33,20 @@ from hashlib import sha256
 from typing import Any, List, Optional
 from typing import Protocol as TypingProtocol
 
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, ITransport
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from lockservice.tcp import noDelay
+
+PROTOCOL_VERSION = b"2"
+HANDSHAKE_TIMEOUT = 5.0
+MAX_PEER_LINE = 1 << 20
+
+# Why a handshake failed, as told to the owner (see ChannelOwner.handshakeFailed).
+MISMATCH = "secret mismatch"
 
 
 class ChannelOwner(TypingProtocol):
@@ -47,21 +66,29 @@ class ChannelOwner(TypingProtocol):
 
     def channelUp(self, channel: "PeerChannel") -> None: ...
 
-    def channelLost(self, channel: "PeerChannel") -> None: ...
+    def channelLost(self, channel: "PeerChannel", clean: bool) -> None: ...
 
     def peerMessage(self, channel: "PeerChannel", fields: List[bytes]) -> None: ...
 
-PROTOCOL_VERSION = b"1"
-HANDSHAKE_TIMEOUT = 5.0
-MAX_PEER_LINE = 1 << 20
+    def handshakeFailed(self, remote: int, outbound: bool, why: str) -> None: ...
 
 
-def _mac(secret: bytes, *parts: bytes) -> bytes:
-    return hmac.new(secret, b"|".join(parts), sha256).hexdigest().encode()
+def proof(secret: bytes, step: bytes, connector: bytes, acceptor: bytes,
+          nonceC: bytes, nonceA: bytes) -> bytes:
+    """
+    The MAC one side sends at C{step} (challenge, auth or welcome) of a
+    handshake between C{connector} and C{acceptor} (their --peers entries).
+    """
+    transcript = b"\n".join([b"lockservice-peer-2", step, connector, acceptor, nonceC, nonceA])
+    return hmac.new(secret, transcript, sha256).hexdigest().encode()
 
 
 def _nonce() -> bytes:
     return os.urandom(16).hex().encode()
+
+
+def _isNonce(field: bytes) -> bool:
+    return len(field) == 32 and all(c in b"0123456789abcdef" for c in field)
 
 
 class PeerChannel:
@@ -72,6 +99,9 @@ class PeerChannel:
     @ivar outbound: True when this node opened the connection.
     @ivar replicating: (inbound only) the peer follows us and receives our
         replication stream on this channel.
+    @ivar lastReceived: when a line last arrived (silence detection).
+    @ivar closing: set when this node closed the link itself, so its loss
+        says nothing about the peer.
     """
 
     def __init__(self, cluster: ChannelOwner, transport: ITransport, outbound: bool,
@@ -82,6 +112,10 @@ class PeerChannel:
         self.remote = remote
         self.authenticated = False
         self.replicating = False
+        self.synced = False
+        self.snapshot: Optional[Any] = None
+        self.closing = False
+        self.lastReceived = cluster.clock.seconds()
         self._buffer = b""
         self._step = "challenge" if outbound else "hello"
         self._nonce = _nonce()
@@ -92,42 +126,61 @@ class PeerChannel:
 
     # -- handshake ---------------------------------------------------------
 
+    def _names(self) -> "tuple[bytes, bytes]":
+        """
+        (connector, acceptor) entries of this link.
+        """
+        assert self.remote is not None
+        theirs = self.cluster.peers[self.remote]
+        mine = self.cluster.myEntry
+        return (mine, theirs) if self.outbound else (theirs, mine)
+
+    def _nonces(self) -> "tuple[bytes, bytes]":
+        return (self._nonce, self._theirNonce) if self.outbound else (self._theirNonce, self._nonce)
+
+    def _proof(self, step: bytes) -> bytes:
+        return proof(self.cluster.secret, step, *self._names(), *self._nonces())
+
     def sendHello(self) -> None:
-        self.send(b"HELLO " + PROTOCOL_VERSION + b" " + self.cluster.myEntry + b" " + self._nonce)
+        assert self.remote is not None
+        self.send(b" ".join([b"HELLO", PROTOCOL_VERSION, self.cluster.myEntry,
+                             self.cluster.peers[self.remote], self._nonce]))
 
     def _handshake(self, fields: List[bytes]) -> None:
-        secret = self.cluster.secret
         if self._step == "hello":
-            if len(fields) != 4 or fields[0] != b"HELLO" or fields[1] != PROTOCOL_VERSION:
+            if len(fields) != 5 or fields[0] != b"HELLO" or fields[1] != PROTOCOL_VERSION:
                 return self._refuse(b"bad peer hello")
             remote = self.cluster.indexOf(fields[2])
             if remote is None or remote == self.cluster.me:
                 return self._refuse(b"not a peer of this cluster")
+            if fields[3] != self.cluster.myEntry:
+                return self._refuse(b"this node is not " + fields[3][:250])
+            if not _isNonce(fields[4]) or fields[4] == self._nonce:
+                return self._refuse(b"bad peer hello")
             self.remote = remote
-            self._theirNonce = fields[3]
-            self.send(b"CHALLENGE " + self._nonce + b" "
-                      + _mac(secret, b"acceptor", self._theirNonce, self._nonce))
+            self._theirNonce = fields[4]
+            self.send(b"CHALLENGE " + self._nonce + b" " + self._proof(b"challenge"))
             self._step = "auth"
         elif self._step == "auth":
-            expected = _mac(secret, b"connector", self._nonce, self._theirNonce,
-                            self.cluster.peers[self.remote or 0])
             proven = len(fields) == 2 and fields[0] == b"AUTH"
-            if not proven or not hmac.compare_digest(fields[1], expected):
-                return self._refuse(b"peer authentication failed")
-            self.send(b"WELCOME")
+            if not proven or not hmac.compare_digest(fields[1], self._proof(b"auth")):
+                return self._refuse(b"peer authentication failed", mismatch=proven)
+            self.send(b"WELCOME " + self._proof(b"welcome"))
             self._authenticated()
         elif self._step == "challenge":
             if len(fields) != 3 or fields[0] != b"CHALLENGE":
                 return self._refuse(b"bad challenge")
-            expected = _mac(secret, b"acceptor", self._nonce, fields[1])
-            if not hmac.compare_digest(fields[2], expected):
-                return self._refuse(b"peer authentication failed")
-            self.send(b"AUTH " + _mac(secret, b"connector", fields[1], self._nonce,
-                                      self.cluster.myEntry))
+            if not _isNonce(fields[1]) or fields[1] == self._nonce:
+                return self._refuse(b"bad challenge")
+            self._theirNonce = fields[1]
+            if not hmac.compare_digest(fields[2], self._proof(b"challenge")):
+                return self._refuse(b"peer authentication failed", mismatch=True)
+            self.send(b"AUTH " + self._proof(b"auth"))
             self._step = "welcome"
         elif self._step == "welcome":
-            if fields != [b"WELCOME"]:
-                return self._refuse(b"not welcomed")
+            welcomed = len(fields) == 2 and fields[0] == b"WELCOME"
+            if not welcomed or not hmac.compare_digest(fields[1], self._proof(b"welcome")):
+                return self._refuse(b"not welcomed", mismatch=welcomed)
             self._authenticated()
 
     def _authenticated(self) -> None:
@@ -135,12 +188,17 @@ class PeerChannel:
         self._cancelTimeout()
         self.cluster.channelUp(self)
 
-    def _refuse(self, why: bytes) -> None:
+    def _refuse(self, why: bytes, mismatch: bool = False) -> None:
         self._cancelTimeout()
-        self.cluster.log.warn(
-            "refused peer connection {peer}: {why}",
-            peer=self.transport.getPeer(), why=why.decode(),  # type: ignore[attr-defined]
-        )
+        if self.remote is not None and mismatch:
+            # The owner logs a mismatch once per peer, not once per retry.
+            self.cluster.handshakeFailed(self.remote, self.outbound, MISMATCH)
+        else:
+            self.cluster.log.debug(
+                "refused peer connection {peer}: {why}",
+                peer=self.transport.getPeer(), why=why.decode(),  # type: ignore[attr-defined]
+            )
+        self.closing = True
         self.transport.write(b"E * * " + why + b"\n")
         self.transport.loseConnection()  # type: ignore[attr-defined]
 
@@ -154,17 +212,24 @@ class PeerChannel:
     def send(self, line: bytes) -> None:
         self.transport.write(line + b"\n")
 
-    def sendMany(self, lines: List[bytes]) -> None:
-        if lines:
-            self.transport.write(b"\n".join(lines) + b"\n")
+    def close(self, abort: bool = False) -> None:
+        """
+        Close this link on purpose (silence, a newer link, shutdown).
+        """
+        self.closing = True
+        if abort:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+        else:
+            self.transport.loseConnection()  # type: ignore[attr-defined]
 
     def dataReceived(self, data: bytes) -> None:
-        lines = (self._buffer + data).split(b"\n")
+        self.lastReceived = self.cluster.clock.seconds()
+        lines = (self._buffer + data).split(b"\n") if self._buffer else data.split(b"\n")
         self._buffer = lines.pop()
         if len(self._buffer) > MAX_PEER_LINE:
             return self._refuse(b"peer line too long")
         for line in lines:
-            if self.transport.disconnecting:  # type: ignore[attr-defined]
+            if self.closing or self.transport.disconnecting:  # type: ignore[attr-defined]
                 return
             fields = line.rstrip(b"\r").split(b" ")
             if not self.authenticated:
@@ -175,7 +240,9 @@ class PeerChannel:
     def connectionLost(self, reason: Failure) -> None:
         self._cancelTimeout()
         if self.authenticated:
-            self.cluster.channelLost(self)
+            # A FIN (ConnectionDone) is how the kernel closes the sockets of
+            # an exited process; a reset or an error is network trouble.
+            self.cluster.channelLost(self, clean=reason.check(ConnectionDone) is not None)
 
 
 class PeerClientProtocol(Protocol):
@@ -198,7 +265,7 @@ class PeerClientProtocol(Protocol):
         if self.channel is not None:
             self.channel.dataReceived(data)
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+    def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:
         if self.channel is not None:
             self.channel.connectionLost(reason)
 

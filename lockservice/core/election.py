@@ -11,7 +11,7 @@ heartbeat, a lost link, a timer) and carries out the action it returns.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional
 
 ACTIVE = "active"
 HANDING_OFF = "handing-off"
@@ -32,6 +32,7 @@ class PeerView:
     term: int = 0
     leader: Optional[int] = None
     alive: bool = False
+    secretMismatch: bool = False
 
 
 @dataclass
@@ -40,6 +41,7 @@ class SelfView:
     term: int
     leader: Optional[int]
     startupGraceOver: bool
+    mayPromote: bool = True
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,28 @@ def _serving(view: PeerView) -> bool:
     return view.alive and view.role in (ACTIVE, HANDING_OFF)
 
 
+def mayPromote(me: int, authenticated: Iterable[int], mismatched: Iterable[int]) -> bool:
+    """
+    Whether a node may take the active role while some peers answer its
+    handshakes with a different secret.  It must not quietly run as a
+    second active: it may only when it agrees on the secret with more
+    nodes (itself included) than it disagrees with, or as many when every
+    node it disagrees with has a lower priority.  Of two nodes with
+    different secrets, only the higher-priority one serves; of three with
+    one odd secret, the odd node never does.
+
+    @param authenticated: peers alive on links that proved our secret.
+    @param mismatched: peers that answer our handshakes with another secret.
+    """
+    mismatched = list(mismatched)
+    if not mismatched:
+        return True
+    agree = 1 + len(list(authenticated))
+    if agree != len(mismatched):
+        return agree > len(mismatched)
+    return all(j > me for j in mismatched)
+
+
 def decide(me: int, state: SelfView, peers: Dict[int, PeerView]) -> Optional[Action]:
     """
     The one thing this node should do now, or None.
@@ -65,6 +89,13 @@ def decide(me: int, state: SelfView, peers: Dict[int, PeerView]) -> Optional[Act
     @param me: this node's index in the priority list (0 is highest).
     @param peers: every other node, by index.
     """
+    action = _decide(me, state, peers)
+    if action is not None and action.kind == "promote" and not state.mayPromote:
+        return None
+    return action
+
+
+def _decide(me: int, state: SelfView, peers: Dict[int, PeerView]) -> Optional[Action]:
     if state.role in (HANDING_OFF, LEAVING):
         return None  # in transit: the handoff itself decides what comes next
     serving = sorted(j for j, v in peers.items() if _serving(v))

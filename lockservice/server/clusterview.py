@@ -13,6 +13,11 @@ from lockservice.core.election import PeerView
 
 
 class ClusterView(Protocol):
+    """
+    C{views[j].secretMismatch} is True while peer j answers this node's
+    handshakes with another --secret (shown per peer on /status).
+    """
+
     myEntry: bytes
     peers: List[bytes]
     term: int

@@ -66,6 +66,7 @@ def status(locks: LockService, cluster: Optional[ClusterView],
                 "alive": view.alive,
                 "role": view.role if view.alive else "unknown",
                 "term": view.term,
+                "secret_mismatch": view.secretMismatch,
                 "last_heard_seconds_ago": round(now - heard, 3) if heard is not None else None,
             })
     data: Dict[str, Any] = {

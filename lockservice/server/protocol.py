@@ -88,6 +88,7 @@ class LockProtocol(LineOnlyReceiver):
     def _send(self, data: bytes) -> None:
         # When nothing is buffered we send at once and hand only what the
         # kernel did not take to the transport (see internals.nothingBuffered).
+        self.service.beforeAnswer()
         transport: Any = self.transport
         if self._socket is not None and nothingBuffered(transport):
             try:

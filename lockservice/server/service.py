@@ -92,6 +92,9 @@ class LockService(Service):
         self.table = LockTable(TokenIssuer(wallMicros))
         self.stats = Stats()
         self.observers: List[ChangeObserver] = []
+        # Called before any answer is written to a client (the cluster
+        # writes its replication stream to the standbys there).
+        self.beforeAnswerHooks: List[Callable[[], None]] = []
         self.role = ACTIVE
         self.activeAddress: Optional[bytes] = None
         self.startedAt = clock.seconds()
@@ -154,13 +157,23 @@ class LockService(Service):
     def heldCount(self) -> int:
         return len(self.table)
 
-    def installHolder(self, key: bytes, token: int, remaining: float) -> None:
+    def installHolder(self, key: bytes, token: int, remaining: float, age: float = 0.0) -> None:
         """
-        Mirror a grant learned by replication: C{key} held by C{token} for
-        C{remaining} more seconds.
+        Mirror a grant learned by replication (or, on an active node, merged
+        on a heal): C{key} held by C{token} for C{remaining} more seconds,
+        granted C{age} seconds ago.
         """
         now = self.clock.seconds()
-        self.table.install(key, token, now, now + remaining)
+        self.table.install(key, token, now - age, now + remaining)
+        if self.role == ACTIVE:
+            self._armLease(key, token, now + remaining)
+
+    def beforeAnswer(self) -> None:
+        """
+        Run the hooks that must complete before a client hears an answer.
+        """
+        for hook in self.beforeAnswerHooks:
+            hook()
 
     def dropHolder(self, key: bytes, token: int) -> None:
         """

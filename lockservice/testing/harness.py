@@ -123,9 +123,21 @@ class Node:
                 "--peers", ",".join(f"127.0.0.1:{p}" for p in self.peers),
                 "--node", self.address,
             ]
+            if "--secret" not in self.args:
+                cmd += ["--secret", self.secretPath()]
         else:
             cmd += ["--listen", f"tcp:{self.port}:interface=127.0.0.1"]
         return cmd + self.args
+
+    def secretPath(self) -> str:
+        """
+        The shared secret file of this node's cluster (made on first use).
+        """
+        path = os.path.join(self.logDir, "secret")
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write("lockservice-test-secret\n")
+        return path
 
     def logPath(self) -> str:
         return os.path.join(self.logDir, f"{self.name}.log")

@@ -1,0 +1,279 @@
+# -*- test-case-name: tests.test_client -*-
+"""
+The connections of one cluster, kept up in the background (SPEC section 5).
+
+One persistent connection per address -- two when the cluster is a single
+address, so that a brief drop of one does not interrupt service -- used
+round-robin.  A connection that drops is redialled at once; a failed
+attempt (refused, timed out, TLS handshake refused) is retried every 3 s.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.endpoints import connectProtocol
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from lockservice.client.endpoints import Address, EndpointFactory
+from lockservice.client.errors import NoConnection
+from lockservice.client.protocol import LockClientProtocol
+
+RECONNECT_INTERVAL = 3.0
+# A connection closed to follow a redirect is given this long to deliver the
+# answers already on their way before it is cut.
+RETIRE_TIMEOUT = 2.0
+
+
+def _why(reason: Failure) -> str:
+    text = str(reason.value) or type(reason.value).__name__
+    if reason.type.__module__.startswith("OpenSSL"):
+        return f"TLS handshake failed: {text}"
+    return text
+
+
+class Slot:
+    """
+    One persistent connection of a pool.  States: down (a retry may be
+    scheduled), connecting, up (C{protocol} set and ready).
+    """
+
+    def __init__(self, pool: "Pool", home: Address) -> None:
+        self.pool = pool
+        self.home = home
+        self.address: Address = home
+        self.protocol: Optional[LockClientProtocol] = None
+        self.connecting = False
+        self.retry: Optional[IDelayedCall] = None
+        self.waitingForConnection: List["Deferred[None]"] = []
+        self.lastError: Optional[str] = None
+
+    @property
+    def up(self) -> bool:
+        return self.protocol is not None
+
+    def connect(self) -> None:
+        if self.connecting or self.protocol is not None or self.pool.closed:
+            return
+        self.connecting = True
+        self.retry = None
+        address = self.address
+        protocol = LockClientProtocol(self.pool.name)
+        try:
+            d = connectProtocol(self.pool.endpointFor(address), protocol)
+        except Exception:
+            d = Deferred()
+            d.errback()
+        d.addCallback(lambda _: protocol.ready)
+        d.addCallbacks(self._connected, lambda f: self._failed(f, address))
+        # Closed before the handshake finished: a failed attempt.
+        def lostEarly(_: None) -> None:
+            if not protocol.isReady and not protocol.ready.called:
+                assert protocol.lostReason is not None
+                protocol.ready.errback(protocol.lostReason)
+
+        protocol.lost.addCallback(lostEarly)
+
+    def _connected(self, protocol: LockClientProtocol) -> None:
+        self.connecting = False
+        if self.pool.closed:
+            protocol.transport.loseConnection()  # type: ignore[union-attr]
+            return
+        self.protocol = protocol
+        self.lastError = None
+        protocol.lost.addCallback(lambda _: self._lost(protocol))
+        waiting, self.waitingForConnection = self.waitingForConnection, []
+        for d in waiting:
+            d.callback(None)
+        self.pool._slotUp()
+
+    def _failed(self, reason: Failure, address: Address) -> None:
+        self.connecting = False
+        self.lastError = f"{address}: {_why(reason)}"
+        self.pool.log.debug("connection to {address} failed: {reason}",
+                            address=address, reason=self.lastError)
+        # A redirect target that cannot be reached: go back home next time.
+        self.address = self.home
+        if not self.pool.closed:
+            self._scheduleRetry(RECONNECT_INTERVAL)
+        waiting, self.waitingForConnection = self.waitingForConnection, []
+        for d in waiting:
+            d.errback(NoConnection(f"cannot connect to {self.lastError}"))
+
+    def _lost(self, protocol: LockClientProtocol) -> None:
+        if self.protocol is not protocol:
+            return
+        self.protocol = None
+        if self.pool.closed:
+            return
+        # A redirected connection that is lost goes back to its configured
+        # address, which redirects it to whoever is active by then.
+        self.address = self.home
+        self._scheduleRetry(0)
+
+    def switchTo(self, address: str) -> "Deferred[None]":
+        """
+        Follow a redirect: reconnect this slot to C{address}.  The old
+        connection is retired (see L{LockClientProtocol.retire}), not cut.
+
+        @return: fires when the slot is connected again.
+        """
+        if self.address == address and self.protocol is not None:
+            return succeed(None)
+        d: "Deferred[None]" = Deferred()
+        self.waitingForConnection.append(d)
+        self.address = address
+        old, self.protocol = self.protocol, None
+        if old is not None:
+            self.pool.retire(old)
+        if not self.connecting:
+            self._scheduleRetry(0)
+        return d
+
+    def _scheduleRetry(self, delay: float) -> None:
+        if self.retry is not None and self.retry.active():
+            if delay > 0:
+                return
+            self.retry.cancel()
+        self.retry = self.pool.clock.callLater(delay, self.connect)
+
+    def close(self) -> Optional["Deferred[None]"]:
+        if self.retry is not None and self.retry.active():
+            self.retry.cancel()
+        self.retry = None
+        waiting, self.waitingForConnection = self.waitingForConnection, []
+        for d in waiting:
+            d.errback(NoConnection("client closed"))
+        if self.protocol is not None:
+            lost = self.protocol.lost
+            self.protocol.transport.loseConnection()  # type: ignore[union-attr]
+            return lost
+        return None
+
+
+class Pool:
+    """
+    The connections to the nodes of one cluster.
+    """
+
+    log = Logger()
+
+    def __init__(self, clock: IReactorTime, homes: Sequence[Address],
+                 endpointFor: EndpointFactory, name: Optional[bytes] = None) -> None:
+        if not homes:
+            raise ValueError("a cluster needs at least one address")
+        self.clock = clock
+        self.endpointFor = endpointFor
+        self.name = name
+        self.homes = list(homes)
+        slots = self.homes * 2 if len(self.homes) == 1 else self.homes
+        self.slots = [Slot(self, home) for home in slots]
+        self.closed = False
+        self._next = 0
+        self._readyWaiters: List["Deferred[None]"] = []
+        self._retiring: "dict[LockClientProtocol, IDelayedCall]" = {}
+
+    def start(self) -> None:
+        for slot in self.slots:
+            slot.connect()
+
+    def pick(self) -> Optional[Slot]:
+        """
+        The next connected slot, round-robin; None when all are down.
+        """
+        count = len(self.slots)
+        for i in range(count):
+            slot = self.slots[(self._next + i) % count]
+            if slot.up:
+                self._next = (self._next + i + 1) % count
+                return slot
+        return None
+
+    @property
+    def up(self) -> bool:
+        return any(slot.up for slot in self.slots)
+
+    def lastError(self) -> str:
+        errors = [s.lastError for s in self.slots if s.lastError]
+        return errors[-1] if errors else "not connected yet"
+
+    def whenConnected(self, timeout: float) -> "Deferred[None]":
+        """
+        Fires once a connection is up; fails with L{NoConnection} (saying
+        why the last attempt failed) after C{timeout} seconds.
+        """
+        if self.up:
+            return succeed(None)
+        if self.closed:
+            return Deferred.fromCoroutine(self._closedError())
+        d: "Deferred[None]" = Deferred(lambda d: self._forget(d))
+        self._readyWaiters.append(d)
+
+        def expire() -> None:
+            if d in self._readyWaiters:
+                self._readyWaiters.remove(d)
+                d.errback(NoConnection(
+                    f"no connection to {', '.join(map(str, self.homes))} "
+                    f"within {timeout:g} s (last error: {self.lastError()})"))
+
+        call = self.clock.callLater(timeout, expire)
+
+        def settled(result: object) -> object:
+            if call.active():
+                call.cancel()
+            return result
+
+        d.addBoth(settled)
+        return d
+
+    async def _closedError(self) -> None:
+        raise NoConnection("client closed")
+
+    def _forget(self, d: "Deferred[None]") -> None:
+        if d in self._readyWaiters:
+            self._readyWaiters.remove(d)
+
+    def _slotUp(self) -> None:
+        waiters, self._readyWaiters = self._readyWaiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def retire(self, protocol: LockClientProtocol) -> None:
+        """
+        Close C{protocol} once its pending answers are in, or after
+        L{RETIRE_TIMEOUT} at the latest.
+        """
+        protocol.retire()
+
+        def cut() -> None:
+            self._retiring.pop(protocol, None)
+            if protocol.transport is not None and not protocol.lost.called:
+                protocol.transport.loseConnection()
+
+        self._retiring[protocol] = self.clock.callLater(RETIRE_TIMEOUT, cut)
+
+        def gone(_: object) -> None:
+            call = self._retiring.pop(protocol, None)
+            if call is not None and call.active():
+                call.cancel()
+
+        protocol.lost.addCallback(gone)
+
+    def close(self) -> List["Deferred[None]"]:
+        self.closed = True
+        for call in self._retiring.values():
+            if call.active():
+                call.cancel()
+        lost = [d for d in (slot.close() for slot in self.slots) if d is not None]
+        for protocol in list(self._retiring):
+            if protocol.transport is not None and not protocol.lost.called:
+                protocol.transport.loseConnection()
+                lost.append(protocol.lost)
+        self._retiring.clear()
+        waiters, self._readyWaiters = self._readyWaiters, []
+        for waiter in waiters:
+            waiter.errback(NoConnection("client closed"))
+        return lost

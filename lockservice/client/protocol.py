@@ -1,0 +1,151 @@
+# -*- test-case-name: tests.test_client -*-
+"""
+One client connection: the line protocol of the client port, pipelined.
+
+Requests are written at once; answers are paired with requests by the
+echoed (op, key) -- in send order for equal pairs -- because a server may
+answer different pairs in any order.  Like Twisted's memcache client,
+every request still pending when the connection closes fails.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Deque, Dict, List, Optional, Tuple
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IHandshakeListener, INegotiated
+from twisted.protocols.basic import LineOnlyReceiver
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from lockservice.client.errors import ConnectionDropped
+from lockservice.tcp import noDelay
+
+Fields = List[bytes]
+
+
+def pairOf(fields: Fields) -> Optional[Tuple[bytes, bytes]]:
+    """
+    The (op, key) of the request an answer line answers, or None for a line
+    that answers nothing we could have sent.
+    """
+    kind = fields[0]
+    if kind in (b"A", b"T") and len(fields) >= 2:
+        return (b"A", fields[1])
+    if kind in (b"R", b"N") and len(fields) >= 2:
+        return (kind, fields[1])
+    if kind in (b"P", b"I") and len(fields) == 2:
+        return (kind, fields[1])
+    if kind in (b"M", b"E") and len(fields) >= 3:
+        return (fields[1], fields[2])
+    return None
+
+
+@implementer(IHandshakeListener)
+class LockClientProtocol(LineOnlyReceiver):
+    """
+    One connection.  C{ready} fires when requests may be sent: at once on
+    plain TCP, after the handshake on TLS (a failed handshake closes the
+    connection before C{ready}, which the pool counts as a failed connection
+    attempt, not as a drop).  C{lost} fires when the connection is closed.
+
+    @ivar name: sent as C{I <name>} first on the connection, when given.
+    """
+
+    delimiter = b"\n"
+    MAX_LENGTH = 65536
+
+    def __init__(self, name: Optional[bytes] = None) -> None:
+        self._pending: Dict[Tuple[bytes, bytes], Deque["Deferred[Fields]"]] = {}
+        self.name = name
+        self.ready: "Deferred[LockClientProtocol]" = Deferred()
+        self.lost: "Deferred[None]" = Deferred()
+        self.lostReason: Optional[Failure] = None
+        self.isReady = False
+        self.closing = False
+
+    def connectionMade(self) -> None:
+        noDelay(self.transport)
+        if self.name is not None:
+            # Written before the TLS handshake completes is fine: TLS
+            # buffers it.  The answer only confirms; nothing waits for it.
+            self.request(b"I", self.name, b"I " + self.name + b"\n").addErrback(lambda f: None)
+        if not INegotiated.providedBy(self.transport):
+            self._becomeReady()
+
+    def handshakeCompleted(self) -> None:
+        self._becomeReady()
+
+    def _becomeReady(self) -> None:
+        if not self.isReady:
+            self.isReady = True
+            self.ready.callback(self)
+
+    @property
+    def pendingCount(self) -> int:
+        return sum(len(q) for q in self._pending.values())
+
+    def request(self, op: bytes, key: bytes, line: bytes) -> "Deferred[Fields]":
+        """
+        Send C{line}; the Deferred fires with the answer's fields, or fails
+        with L{ConnectionDropped}.
+        """
+        d: "Deferred[Fields]" = Deferred()
+        self._pending.setdefault((op, key), deque()).append(d)
+        self.transport.write(line)  # type: ignore[union-attr]
+        return d
+
+    def retire(self) -> None:
+        """
+        Close this connection without losing an answer already decided:
+        shut down our sending side only (the server then withdraws our queued
+        acquires, writes every answer it has decided -- a grant included --
+        and closes).  Closing at once would discard a grant in flight and
+        leave it held by nobody until its lease ran out.
+        """
+        if self.closing:
+            return
+        self.closing = True
+        transport = self.transport
+        if transport is None:
+            return
+        if not self._pending:
+            transport.loseConnection()
+            return
+        # Not on TLS: its wrapper would forward this to the TCP socket under
+        # it and cut the TLS stream without a close_notify.
+        loseWrite = getattr(transport, "loseWriteConnection", None)
+        if loseWrite is None or INegotiated.providedBy(transport):
+            transport.loseConnection()
+        else:
+            loseWrite()
+
+    def lineReceived(self, line: bytes) -> None:
+        fields = line.rstrip(b"\r").split(b" ")
+        pair = pairOf(fields)
+        if pair is None:
+            return
+        queue = self._pending.get(pair)
+        if not queue and fields[0] == b"E":
+            # An error we cannot pair exactly: fail the oldest request of its op.
+            for candidatePair, candidates in self._pending.items():
+                if candidates and fields[1] in (candidatePair[0], b"*"):
+                    pair, queue = candidatePair, candidates
+                    break
+        if not queue:
+            return
+        d = queue.popleft()
+        if not queue:
+            del self._pending[pair]
+        d.callback(fields)
+        if self.closing and not self._pending and self.transport is not None:
+            self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        pending, self._pending = self._pending, {}
+        for queue in pending.values():
+            for d in queue:
+                d.errback(ConnectionDropped(str(reason.value)))
+        self.lostReason = reason
+        self.lost.callback(None)

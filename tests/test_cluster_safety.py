@@ -1,0 +1,233 @@
+"""
+Cluster safety against a stranger, a forged peer and a heal, with real
+twistd processes and real sockets (issue 12 items 1, 4 and 5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import urllib.request
+from typing import List, Tuple
+
+import pytest
+
+from lockservice.cluster.peer import proof
+from lockservice.testing.harness import (
+    LineClient,
+    activeNodes,
+    freePort,
+    probeRole,
+    waitFor,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def onlyActive(cluster, expected) -> bool:  # type: ignore[no-untyped-def]
+    return [n.port for n in activeNodes(cluster.nodes)] == [expected.port]
+
+
+def grant(port: int, key: bytes, lease: bytes = b"60") -> int:
+    with LineClient(port) as c:
+        answer = c.ask(b"A " + key + b" " + lease + b" 5", timeout=10)
+    assert answer.startswith(b"A " + key + b" "), answer
+    return int(answer.split()[2])
+
+
+def isHeld(port: int, key: bytes) -> bool:
+    with LineClient(port) as c:
+        answer = c.ask(b"A " + key + b" 30 0.3", timeout=10)
+    if answer.startswith(b"A "):
+        with LineClient(port) as c:
+            c.ask(b"R " + key + b" " + answer.split()[2])
+        return False
+    assert answer == b"T " + key, answer
+    return True
+
+
+def secretOf(node) -> bytes:  # type: ignore[no-untyped-def]
+    with open(node.secretPath(), "rb") as f:
+        return f.read().strip()
+
+
+def joinAsPeer(target, me: str, secret: bytes) -> LineClient:  # type: ignore[no-untyped-def]
+    """
+    Complete a real peer handshake with C{target}, as the node C{me}.
+    """
+    nonce = os.urandom(16).hex().encode()
+    conn = LineClient(target.port)
+    mine, theirs = me.encode(), target.address.encode()
+    answer = conn.ask(b"HELLO 2 %s %s %s" % (mine, theirs, nonce))
+    _, theirNonce, mac = answer.split()
+    assert mac == proof(secret, b"challenge", mine, theirs, nonce, theirNonce)
+    welcome = conn.ask(b"AUTH " + proof(secret, b"auth", mine, theirs, nonce, theirNonce))
+    assert welcome == b"WELCOME " + proof(secret, b"welcome", mine, theirs, nonce, theirNonce)
+    return conn
+
+
+def test_reflected_handshake_through_a_down_peers_port_gets_nothing(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 12 item 1b: a stranger binds the port of a peer that is down,
+    takes the HELLO a node sends there, and relays it (as sent, or
+    re-addressed) to another node, relaying the answers back and forth.
+    No node may welcome it.
+    """
+    c = cluster(3, start=False)
+    node0, node1, node2 = c.nodes
+    node0.start(wait=False)
+    node1.start(wait=False)
+    node0.waitReady()
+    node1.waitReady()
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", node2.port))
+    listener.listen(8)
+    listener.settimeout(10)
+    heard: List[Tuple[str, bytes]] = []
+    try:
+        for readdress in (False, True):
+            dialer, _ = listener.accept()
+            dialer.settimeout(5)
+            hello = dialer.recv(4096).split(b"\n")[0]
+            fields = hello.split(b" ")
+            assert fields[0] == b"HELLO", hello
+            sender = fields[2].decode()
+            target = node1 if sender == node0.address else node0
+            if readdress and len(fields) == 5:
+                fields[3] = target.address.encode()
+            relay = LineClient(target.port, timeout=5)
+            line = b" ".join(fields)
+            for _ in range(3):
+                try:
+                    answer = relay.ask(line, timeout=5)
+                except (ConnectionError, OSError):
+                    break
+                heard.append((target.address, answer))
+                if answer.startswith(b"E "):
+                    break
+                dialer.sendall(answer + b"\n")
+                try:
+                    line = dialer.recv(4096).split(b"\n")[0]
+                except OSError:
+                    break
+                if not line or line.startswith(b"E "):
+                    break
+            relay.close()
+            dialer.close()
+    finally:
+        listener.close()
+    assert heard, "the stranger never reached a node"
+    assert not [a for _, a in heard if a.startswith(b"WELCOME")], heard
+    # And the cluster is unharmed.
+    assert onlyActive(c, node0)
+    assert probeRole(node1.port) == "M " + node0.address
+
+
+def test_forged_huge_token_and_term_poison_nothing(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 12 item 1c: a heartbeat claiming token 2^64-1 (or such a term)
+    is refused and logged; grants go on with sane tokens.
+    """
+    c = cluster(2, start=False)
+    node0, node1 = c.nodes
+    node0.start()
+    waitFor(lambda: probeRole(node0.port) == "active", 15, what="node0 active alone")
+    before = grant(node0.port, b"before")
+    forged = joinAsPeer(node0, node1.address, secretOf(node0))
+    with forged:
+        forged.send(b"HB 0 standby - 18446744073709551615\n")
+        forged.send(b"HB 18446744073709551615 active - 1\n")
+        forged.send(b"HB 0 standby - 1\n")
+        waitFor(lambda: "more than an hour ahead" in node0.tail(200), 10, what="refusal logged")
+    after = grant(node0.port, b"after")
+    assert before < after < before + 3600 * 10**6
+    assert probeRole(node0.port) == "active"
+
+
+def test_wrong_secret_is_reported_once_and_never_a_second_active(tmp_path, cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 12 item 7: the odd node says so once in its log and on /status,
+    and does not serve next to the real active.
+    """
+    bad = tmp_path / "bad"
+    bad.write_text("wrong")
+    c = cluster(2, start=False)
+    node0, node1 = c.nodes
+    http = freePort()
+    node1.args = ["--secret", str(bad), "--http", f"tcp:{http}:interface=127.0.0.1"]
+    node0.start()
+    waitFor(lambda: probeRole(node0.port) == "active", 15, what="node0 active")
+    node1.start()
+    waitFor(lambda: "does not share our --secret" in node1.tail(400), 10,
+            what="mismatch logged on node1")
+
+    def mismatchShown() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/status", timeout=5) as r:
+            status = json.load(r)
+        return bool(status["peers"][0].get("secret_mismatch"))
+
+    waitFor(mismatchShown, 10, what="/status shows the mismatch")
+    # Well past its startup grace (2 x --peer-timeout), polled throughout:
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        assert probeRole(node1.port) == "M *"
+        assert probeRole(node0.port) == "active"
+        time.sleep(0.1)
+    for node in (node0, node1):
+        with open(node.logPath()) as f:
+            assert f.read().count("does not share our --secret") == 1, node.name
+
+
+def test_heal_after_pause_keeps_the_lock_of_the_paused_active(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 12 item 4: node1 active with a lock, paused; node0 restarts
+    empty and serves; on SIGCONT the winner keeps the paused side's lock.
+    """
+    c = cluster(2)
+    node0, node1 = c.nodes
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    node0.kill()
+    waitFor(lambda: probeRole(node1.port) == "active", 10, what="node1 active")
+    token = grant(node1.port, b"held", b"60")
+    node1.signal(signal.SIGSTOP)
+    try:
+        node0.start()
+        waitFor(lambda: probeRole(node0.port) == "active", 15, what="node0 active, empty")
+        fresh = grant(node0.port, b"made-on-node0", b"60")
+    finally:
+        node1.signal(signal.SIGCONT)
+    waitFor(lambda: probeRole(node1.port, timeout=1) == "M " + node0.address, 10,
+            what="node1 steps down")
+    assert onlyActive(c, node0)
+    assert isHeld(node0.port, b"held")
+    assert isHeld(node0.port, b"made-on-node0")
+    with LineClient(node0.port) as conn:
+        assert conn.ask(b"R held %d" % token) == b"R held OK"
+        assert conn.ask(b"R made-on-node0 %d" % fresh) == b"R made-on-node0 OK"
+
+
+def test_kill_9_right_after_the_answers_loses_nothing_a_client_saw(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 12 item 5: the active writes each change to its standby's socket
+    before the client's answer, so a kill -9 the moment the answers
+    arrive loses no grant and no release.
+    """
+    c = cluster(2)
+    node0, node1 = c.nodes
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    with LineClient(node0.port) as conn:
+        first = conn.ask(b"A released 60 0")
+        conn.send(b"".join(b"A k%d 60 0\n" % i for i in range(100))
+                  + b"R released " + first.split()[2] + b"\n")
+        answers = [conn.readline(timeout=10) for _ in range(101)]
+        node0.kill()
+    assert b"R released OK" in answers
+    waitFor(lambda: probeRole(node1.port) == "active", 10, what="node1 active")
+    assert not isHeld(node1.port, b"released")
+    for i in (0, 50, 99):
+        assert isHeld(node1.port, b"k%d" % i)

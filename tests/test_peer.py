@@ -1,0 +1,184 @@
+"""
+The peer handshake through StringTransport: both sides prove the secret
+over both nonces, both identities and the direction; a relayed, replayed
+or reflected handshake gets a stranger nothing.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import Logger
+
+from lockservice.cluster.peer import MISMATCH, PeerChannel, acceptChannel
+
+PEERS = [b"10.0.0.1:7701", b"10.0.0.2:7702", b"10.0.0.3:7703"]
+
+
+class Owner:
+    log = Logger()
+
+    def __init__(self, me: int, secret: bytes = b"s3cret") -> None:
+        self.clock = Clock()
+        self.peers = PEERS
+        self.me = me
+        self.myEntry = PEERS[me]
+        self.secret = secret
+        self.up: List[PeerChannel] = []
+        self.failed: List[Tuple[int, bool, str]] = []
+        self.messages: List[List[bytes]] = []
+
+    def indexOf(self, entry: bytes) -> Optional[int]:
+        return PEERS.index(entry) if entry in PEERS else None
+
+    def channelUp(self, channel: PeerChannel) -> None:
+        self.up.append(channel)
+
+    def channelLost(self, channel: PeerChannel, clean: bool) -> None:
+        pass
+
+    def peerMessage(self, channel: PeerChannel, fields: List[bytes]) -> None:
+        self.messages.append(fields)
+
+    def handshakeFailed(self, remote: int, outbound: bool, why: str) -> None:
+        self.failed.append((remote, outbound, why))
+
+
+def take(transport: StringTransport) -> List[bytes]:
+    data = transport.value()
+    transport.clear()
+    return [line for line in data.split(b"\n") if line]
+
+
+Dialled = Tuple[PeerChannel, Optional[PeerChannel], List[bytes]]
+
+
+def dial(connector: Owner, acceptor: Owner) -> Dialled:
+    """
+    Run a handshake between two owners, relaying every line; return both
+    channels and the transcript.
+    """
+    ct, at = StringTransport(), StringTransport()
+    outbound = PeerChannel(connector, ct, outbound=True, remote=acceptor.me)  # type: ignore[arg-type]
+    outbound.sendHello()
+    transcript = take(ct)
+    inbound = acceptChannel(acceptor, at, transcript[0])  # type: ignore[arg-type]
+    for _ in range(4):
+        back = take(at)
+        transcript += back
+        if back:
+            outbound.dataReceived(b"\n".join(back) + b"\n")
+        forth = take(ct)
+        transcript += forth
+        if forth:
+            inbound.dataReceived(b"\n".join(forth) + b"\n")
+    return outbound, inbound, transcript
+
+
+def test_both_sides_authenticate_and_the_welcome_is_proven() -> None:
+    a, b = Owner(0), Owner(1)
+    outbound, inbound, transcript = dial(a, b)
+    assert outbound.authenticated and inbound is not None and inbound.authenticated
+    assert [line.split()[0] for line in transcript] == [b"HELLO", b"CHALLENGE", b"AUTH", b"WELCOME"]
+    assert len(transcript[3].split()) == 2  # WELCOME carries a proof
+    assert a.up == [outbound] and b.up == [inbound]
+
+
+def test_a_different_secret_is_a_mismatch_reported_by_the_dialer() -> None:
+    a, b = Owner(0, b"right"), Owner(1, b"wrong")
+    outbound, inbound, transcript = dial(a, b)
+    assert not outbound.authenticated and inbound is not None and not inbound.authenticated
+    assert a.failed == [(1, True, MISMATCH)]
+    assert transcript[-1] == b"E * * peer authentication failed"
+    assert a.up == b.up == []
+
+
+def test_a_bare_welcome_is_refused() -> None:
+    a = Owner(0)
+    t = StringTransport()
+    outbound = PeerChannel(a, t, outbound=True, remote=1)  # type: ignore[arg-type]
+    outbound.sendHello()
+    hello = take(t)[0].split()
+    b = Owner(1)
+    bt = StringTransport()
+    acceptChannel(b, bt, b" ".join(hello))  # type: ignore[arg-type]
+    challenge = take(bt)[0]
+    outbound.dataReceived(challenge + b"\n")
+    assert take(t)[0].startswith(b"AUTH ")
+    outbound.dataReceived(b"WELCOME\n")
+    assert not outbound.authenticated and a.up == []
+    assert take(t) == [b"E * * not welcomed"]
+
+
+def test_a_hello_relayed_to_another_node_is_refused() -> None:
+    """
+    Node 1 dials node 2's port, where a stranger listens and relays the
+    HELLO to node 0: node 0 sees that it is not the node meant.
+    """
+    n1, n0 = Owner(1), Owner(0)
+    t1 = StringTransport()
+    dialer = PeerChannel(n1, t1, outbound=True, remote=2)  # type: ignore[arg-type]
+    dialer.sendHello()
+    hello = take(t1)[0]
+    t0 = StringTransport()
+    acceptChannel(n0, t0, hello)  # type: ignore[arg-type]
+    assert take(t0) == [b"E * * this node is not " + PEERS[2]]
+    # Re-addressed to node 0, its challenge proves the wrong identity to node 1.
+    fields = hello.split(b" ")
+    fields[3] = PEERS[0]
+    t0 = StringTransport()
+    victim = acceptChannel(n0, t0, b" ".join(fields))  # type: ignore[arg-type]
+    challenge = take(t0)
+    assert challenge[0].startswith(b"CHALLENGE ")
+    dialer.dataReceived(challenge[0] + b"\n")
+    assert take(t1) == [b"E * * peer authentication failed"]
+    assert not dialer.authenticated and not victim.authenticated and n0.up == n1.up == []
+
+
+def test_a_reflected_challenge_is_not_an_auth() -> None:
+    """
+    A stranger claiming to be node 1 sends node 0's own challenge proof
+    back as its AUTH.
+    """
+    n0 = Owner(0)
+    t = StringTransport()
+    channel = acceptChannel(n0, t, b"HELLO 2 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16)  # type: ignore[arg-type]
+    mac = take(t)[0].split()[2]
+    channel.dataReceived(b"AUTH " + mac + b"\n")
+    assert take(t) == [b"E * * peer authentication failed"] and n0.up == []
+
+
+def test_a_recorded_auth_does_not_replay() -> None:
+    a, b = Owner(0), Owner(1)
+    _, _, transcript = dial(a, b)
+    hello, auth = transcript[0], transcript[2]
+    t = StringTransport()
+    replay = acceptChannel(b, t, hello)  # type: ignore[arg-type]
+    assert take(t)[0].startswith(b"CHALLENGE ")  # a fresh nonce
+    replay.dataReceived(auth + b"\n")
+    assert not replay.authenticated
+    assert take(t) == [b"E * * peer authentication failed"]
+
+
+def test_malformed_hellos_are_refused() -> None:
+    for hello, why in [
+        (b"HELLO 1 " + PEERS[1] + b" abcd", b"bad peer hello"),
+        (b"HELLO 2 " + PEERS[1] + b" " + PEERS[0] + b" short", b"bad peer hello"),
+        (b"HELLO 2 10.9.9.9:1 " + PEERS[0] + b" " + b"ab" * 16, b"not a peer of this cluster"),
+        (b"HELLO 2 " + PEERS[0] + b" " + PEERS[0] + b" " + b"ab" * 16,
+         b"not a peer of this cluster"),
+    ]:
+        t = StringTransport()
+        acceptChannel(Owner(0), t, hello)  # type: ignore[arg-type]
+        assert take(t) == [b"E * * " + why], hello
+
+
+def test_handshake_times_out() -> None:
+    a = Owner(0)
+    t = StringTransport()
+    acceptChannel(a, t, b"HELLO 2 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16)  # type: ignore[arg-type]
+    take(t)
+    a.clock.advance(5)
+    assert take(t) == [b"E * * handshake timed out"] and t.disconnecting
