@@ -6,7 +6,7 @@ plus one real treq request against a running node.
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 import pytest
 import pytest_twisted
@@ -57,8 +57,18 @@ def test_status_json(node: ProtocolNode) -> None:
     assert "version" in data
 
 
+def withMonitor(node: ProtocolNode, **kw: Any) -> Tuple[StubTreq, Monitor]:
+    """
+    The resources with a monitor whose wall clock is 1.7e9 + the node's clock.
+    """
+    clock = node.clock
+    monitor = Monitor(clock, wallTime=lambda: 1_700_000_000.0 + clock.seconds())
+    node.service.activity.append(monitor)
+    return StubTreq(makeRoot(node.service, None, monitor, **kw)), monitor
+
+
 def test_locks_says_who_holds_what(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub, _ = withMonitor(node)
     a, b, c = node.connect(), node.connect(), node.connect()
     a.ask(b"I alice")
     b.ask(b"I bob")
@@ -212,9 +222,7 @@ def post(stub: StubTreq, path: str, secret: Optional[bytes] = SECRET,
 
 
 def test_force_release(node: ProtocolNode) -> None:
-    monitor = Monitor(node.service.clock, wallTime=lambda: 1_700_000_000.0)
-    node.service.activity.append(monitor)
-    stub = StubTreq(makeRoot(node.service, None, monitor, adminSecret=SECRET))
+    stub, monitor = withMonitor(node, adminSecret=SECRET)
     holder, waiter = node.connect(), node.connect()
     holder.ask(b"I stuck-worker")
     old = holder.ask(b"A orders/42 300 0").split()[2]
@@ -339,7 +347,7 @@ def test_dashboard_data(node: ProtocolNode) -> None:
     [lock] = data["locks"]["locks"]
     assert lock["holder"] == "alice" and lock["waiters"][0]["who"] == "bob"
     assert [s["ago"] for s in data["series"]] == [5, 4, 3, 2, 1]
-    assert data["series"][2]["grants"] == 1 and data["series"][2]["waits"] == 1
+    assert data["series"][3]["grants"] == 1 and data["series"][3]["waits"] == 1  # 2 s ago
     assert data["events"][0]["type"] == "grant"
     assert data["stats"][0]["key"] == "k"
 

@@ -52,8 +52,8 @@ def test_names_and_queue_listing(spawn) -> None:  # type: ignore[no-untyped-def]
     node, http = httpNode(spawn)
     with LineClient(node.port) as alice, LineClient(node.port) as bob, \
             LineClient(node.port) as anonymous:
-        assert alice.ask(b"I alice") == b"I alice\n"
-        assert bob.ask(b"I bob") == b"I bob\n"
+        assert alice.ask(b"I alice") == b"I alice"
+        assert bob.ask(b"I bob") == b"I bob"
         token = alice.ask(b"A jobs/nightly 60 0").split()[2]
         bob.send(b"A jobs/nightly 30 0\n")
         waitFor(lambda: get(http, "/status")["waiters"] == 1, 10, what="bob queued")
@@ -66,7 +66,7 @@ def test_names_and_queue_listing(spawn) -> None:  # type: ignore[no-untyped-def]
         assert [w["who"] for w in lock["waiters"]] == ["bob", f"{host}:{port}"]
         assert [w["lease_seconds"] for w in lock["waiters"]] == [30, 5]
         assert lock["waiters"][0]["waited_seconds"] >= lock["waiters"][1]["waited_seconds"]
-        assert alice.ask(b"N jobs/nightly " + token + b" 60") == b"N jobs/nightly OK\n"
+        assert alice.ask(b"N jobs/nightly " + token + b" 60") == b"N jobs/nightly OK"
         assert get(http, "/locks")["locks"][0]["renewals"] == 1
         events = get(http, "/events?key=jobs/nightly")["events"]
         assert [(e["type"], e["who"]) for e in events] == [("grant", "alice"),
@@ -75,7 +75,7 @@ def test_names_and_queue_listing(spawn) -> None:  # type: ignore[no-untyped-def]
 
 def test_force_release_fences_the_old_holder(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
     secretFile = tmp_path / "admin-secret"
-    secretFile.write_text("correct horse battery staple\n")
+    secretFile.write_text("correct horse battery staple")
     node, http = httpNode(spawn, "--admin-secret", str(secretFile))
     with LineClient(node.port) as stuck, LineClient(node.port) as next_:
         stuck.ask(b"I stuck-worker")
@@ -94,7 +94,7 @@ def test_force_release_fences_the_old_holder(spawn, tmp_path) -> None:  # type: 
         assert int(granted[2]) > int(old)
         assert answer == {"key": "orders/42", "released_token": int(old),
                           "next_token": int(granted[2]), "reason": "worker hung since 3am"}
-        assert stuck.ask(b"R orders/42 " + old) == b"R orders/42 STALE\n"
+        assert stuck.ask(b"R orders/42 " + old) == b"R orders/42 STALE"
         [event] = [e for e in get(http, "/events")["events"] if e["type"] == "force-release"]
         assert event["who"] == "stuck-worker" and event["token"] == int(old)
         assert event["detail"] == "by admin@127.0.0.1: worker hung since 3am"
@@ -116,12 +116,12 @@ def test_warn_hold(spawn) -> None:  # type: ignore[no-untyped-def]
         c.ask(b"I batch-7")
         token = c.ask(b"A slow 60 0").split()[2]
         quick = c.ask(b"A quick 60 0").split()[2]
-        assert c.ask(b"R quick " + quick) == b"R quick OK\n"
+        assert c.ask(b"R quick " + quick) == b"R quick OK"
         waitFor(lambda: get(http, "/locks?key=slow")["long_hold"], 10, what="long hold flagged")
         assert get(http, "/status")["long_holds"] == 1
         assert metric(http, "lockservice_long_holds_total") == "1.0"
         waitFor(lambda: "Long hold" in node.tail(), 10, what="long hold logged")
-        assert c.ask(b"R slow " + token) == b"R slow OK\n"
+        assert c.ask(b"R slow " + token) == b"R slow OK"
         assert get(http, "/status")["long_holds"] == 0
     log = node.tail(200)
     assert log.count("Long hold") == 1

@@ -22,6 +22,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from lockservice.core import events as ev
+from lockservice.core.election import ACTIVE
 from lockservice.core.events import EventRing
 from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats
@@ -68,6 +69,8 @@ class ActivityObserver(Protocol):
 
     def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
                 expiresAt: float) -> None: ...
+
+    def roleChanged(self, role: str) -> None: ...
 
 
 class Releaser(Protocol):
@@ -174,6 +177,14 @@ class Monitor:
     def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
                 expiresAt: float) -> None:
         self._event(ev.RENEWAL, key, token, owner, f"lease {expiresAt - now:.3f} s")
+
+    def roleChanged(self, role: str) -> None:
+        if role != ACTIVE:
+            # Only the active node's grants and queues are watched; what a
+            # standby mirrors comes and goes by replication, unseen here.
+            self._held.clear()
+            self._due.clear()
+            self.graph.clear()
 
     # -- the cluster's event sink ----------------------------------------------
 
