@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lockservice.core.table import MAX_TOKEN, LockTable, TokenExhausted, TokenIssuer, Waiter
+from lockservice.core.table import (
+    MAX_TOKEN,
+    HandOverFailed,
+    LockTable,
+    TokenExhausted,
+    TokenIssuer,
+    Waiter,
+)
 
 
 class FakeWall:
@@ -135,11 +142,85 @@ def test_withdraw_removes_waiter_once() -> None:
     assert table.release(b"k", grant.token, 1.0) == (True, None)
 
 
+class Named(Waiter):
+    __slots__ = ("name",)
+
+    def __init__(self, key: bytes, lease: float, name: str) -> None:
+        super().__init__(key, lease)
+        self.name = name
+
+    def holderName(self) -> str:
+        return self.name
+
+
 def test_same_owner_is_not_reentrant() -> None:
     table, _ = makeTable()
-    owner = object()
-    assert table.acquire(Waiter(b"k", 10.0, owner), 0.0) is not None
-    assert table.acquire(Waiter(b"k", 10.0, owner), 0.0) is None
+    assert table.acquire(Named(b"k", 10.0, "me"), 0.0) is not None
+    assert table.acquire(Named(b"k", 10.0, "me"), 0.0) is None
+
+
+def test_holder_records_who_holds_it_at_every_grant() -> None:
+    table, _ = makeTable()
+    first = table.acquire(Named(b"k", 10.0, "alice"), 0.0)
+    assert first
+    bob = Named(b"k", 10.0, "bob")
+    table.acquire(bob, 0.0)
+    holder = table.holder(b"k")
+    assert holder and holder.owner == "alice" and list(holder.waiters()) == [bob]
+    table.renew(b"k", first.token, 20.0, 1.0)
+    assert holder.renewals == 1
+    table.release(b"k", first.token, 2.0)
+    assert holder.owner == "bob" and holder.renewals == 0 and holder.waiting == 0
+
+
+def test_withdraw_from_the_middle_keeps_fifo_order() -> None:
+    table, _ = makeTable()
+    grant = table.acquire(Waiter(b"k", 10.0), 0.0)
+    assert grant
+    waiters = [Waiter(b"k", 1.0) for _ in range(5)]
+    for w in waiters:
+        table.acquire(w, 0.0)
+    for i in (2, 0, 4):
+        assert table.withdraw(waiters[i])
+    holder = table.holder(b"k")
+    assert holder and list(holder.waiters()) == [waiters[1], waiters[3]]
+    assert table.queueLength(b"k") == 2 == table.waiterCount
+    _, handed = table.release(b"k", grant.token, 1.0)
+    assert handed and handed.waiter is waiters[1]
+    _, handed = table.release(b"k", handed.token, 1.0)
+    assert handed and handed.waiter is waiters[3]
+    assert table.release(b"k", handed.token, 1.0) == (True, None)
+    assert table.holder(b"k") is None
+
+
+def test_renew_moves_expiry_and_keeps_token() -> None:
+    table, _ = makeTable()
+    grant = table.acquire(Waiter(b"k", 10.0), 0.0)
+    assert grant
+    holder = table.renew(b"k", grant.token, 30.0, 5.0)
+    assert holder and holder.token == grant.token and holder.expiresAt == 35.0
+    assert table.expire(b"k", grant.token, 34.9) == (False, None)
+    assert table.renew(b"k", grant.token + 1, 30.0, 6.0) is None
+    assert table.renew(b"other", grant.token, 30.0, 6.0) is None
+    assert holder.expiresAt == 35.0
+    # A lease that has run out cannot be renewed any more.
+    assert table.renew(b"k", grant.token, 30.0, 35.0) is None
+    assert table.expire(b"k", grant.token, 35.0) == (True, None)
+
+
+def test_exhausted_tokens_at_hand_over_free_the_key_and_return_waiters() -> None:
+    table, wall = makeTable()
+    grant = table.acquire(Waiter(b"k", 10.0), 0.0)
+    assert grant
+    waiters = [Waiter(b"k", 1.0), Waiter(b"k", 1.0)]
+    for w in waiters:
+        table.acquire(w, 0.0)
+    wall.micros = MAX_TOKEN + 1
+    with pytest.raises(HandOverFailed) as caught:
+        table.expire(b"k", grant.token, 10.0)
+    assert caught.value.waiters == waiters
+    assert not any(w.queued for w in waiters)
+    assert table.holder(b"k") is None and table.waiterCount == 0
 
 
 def test_install_and_drop_mirror_replicated_holders() -> None:
@@ -173,6 +254,7 @@ operations = st.lists(
     st.one_of(
         st.tuples(st.just("acquire"), st.sampled_from(KEYS), st.integers(1, 5)),
         st.tuples(st.just("release"), st.sampled_from(KEYS), st.booleans()),
+        st.tuples(st.just("renew"), st.sampled_from(KEYS), st.integers(0, 5)),
         st.tuples(st.just("withdraw"), st.integers(0, 50), st.none()),
         st.tuples(st.just("tick"), st.integers(1, 4), st.none()),
         st.tuples(st.just("wallstep"), st.integers(-3_000_000, 3_000_000), st.none()),
@@ -243,6 +325,14 @@ class Model:
             assert ok == bool(held and b)
             if ok:
                 self.handOver(a, grant)  # type: ignore[arg-type]
+        elif op == "renew":
+            held = self.holding[a]  # type: ignore[index]
+            token = held[0] if held and b else 12345
+            holder = self.table.renew(a, token, float(b) or 1.0, self.now)  # type: ignore[arg-type]
+            assert (holder is not None) == bool(held and b)
+            if holder is not None:
+                assert holder.token == token
+                self.holding[a] = (token, self.now + float(b))  # type: ignore[arg-type,index]
         elif op == "withdraw":
             if self.waiters:
                 ident = a % len(self.waiters)  # type: ignore[operator]

@@ -4,17 +4,32 @@ A real C{twistd -n lockservice} process on a loopback port, driven over TCP.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
-from lockservice.testing.harness import LineClient, Node, freePort, twistdEnvironment
+from lockservice.testing.harness import LineClient, Node, freePort, twistdEnvironment, waitFor
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+def waitQueued(client: LineClient, marker: bytes = b"queued") -> None:
+    """
+    Return once every request C{client} sent so far has been read by the
+    node: it answers a ping in order after them.
+    """
+    assert client.ask(b"P " + marker, timeout=10) == b"P " + marker
+
+
+def statusOf(httpPort: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{httpPort}/status", timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
 
 
 def test_grant_fifo_handover_and_release_over_tcp(spawn) -> None:  # type: ignore[no-untyped-def]
@@ -23,7 +38,9 @@ def test_grant_fifo_handover_and_release_over_tcp(spawn) -> None:  # type: ignor
         granted = a.ask(b"A orders/42 30 5").split()
         assert granted[:2] == [b"A", b"orders/42"]
         b.send(b"A orders/42 30 5\n")
-        time.sleep(0.1)
+        # b's acquire is queued before the release: what it gets next is a
+        # FIFO hand-over, not a fresh grant.
+        waitQueued(b)
         assert a.ask(b"R orders/42 " + granted[2]) == b"R orders/42 OK"
         handed = b.readline(timeout=5).split()
         assert handed[:2] == [b"A", b"orders/42"]
@@ -168,16 +185,84 @@ def test_wall_clock_steps_neither_shorten_nor_lengthen_a_lease(tmp_path) -> None
         node.stop()
 
 
-def test_half_close_like_nc_still_gets_the_wait_answer(spawn) -> None:  # type: ignore[no-untyped-def]
+def test_half_close_like_nc_gets_the_answers_decided_at_once(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    C{printf 'A k 30 0\\nP x\\n' | nc host port}: the answers decided at
+    once arrive, then the node closes.
+    """
     node = spawn()
     with LineClient(node.port) as holder:
-        holder.ask(b"A k 30 0")
-        waiter = socket.create_connection(("127.0.0.1", node.port), timeout=10)
-        waiter.sendall(b"A k 30 0.3\n")
-        waiter.shutdown(socket.SHUT_WR)
-        assert waiter.recv(100) == b"T k\n"
-        assert waiter.recv(100) == b""  # closed after the last answer
-        waiter.close()
+        holder.ask(b"A busy 30 0")
+        c = socket.create_connection(("127.0.0.1", node.port), timeout=10)
+        c.sendall(b"A k 30 0\nA busy 30 0\nP x\n")
+        c.shutdown(socket.SHUT_WR)
+        received = b""
+        while True:
+            data = c.recv(4096)
+            if not data:
+                break
+            received += data
+        c.close()
+        lines = received.split(b"\n")
+        assert lines[0].startswith(b"A k ") and lines[1:] == [b"P x", b""]
+
+
+def _queueBehind(node, how: str, tmp_path) -> object:  # type: ignore[no-untyped-def]
+    """
+    Queue an acquire of C{k} from a client that then goes away by C{how}.
+    """
+    if how == "kill -9":
+        script = tmp_path / "waiter.py"
+        script.write_text(
+            "import socket, sys, time\n"
+            f"s = socket.create_connection(('127.0.0.1', {node.port}))\n"
+            "s.sendall(b'A k 30 0\\nP queued\\n')\n"
+            "buf = b''\n"
+            "while b'P queued' not in buf:\n"
+            "    buf += s.recv(100)\n"
+            "print('queued', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"queued\n"
+        return proc
+    client = LineClient(node.port)
+    client.send(b"A k 30 0\n")
+    waitQueued(client)
+    return client
+
+
+@pytest.mark.parametrize("how", ["close", "shutdown(SHUT_WR)", "kill -9"])
+def test_a_waiter_that_goes_away_is_withdrawn_at_once(spawn, tmp_path, how) -> None:  # type: ignore[no-untyped-def]
+    """
+    A queued waiter whose client closes its socket, shuts down its sending
+    side, or is killed never gets the lock: the next live waiter does, at
+    the release (not a lease later).
+    """
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    with LineClient(node.port) as holder, LineClient(node.port) as live:
+        granted = holder.ask(b"A k 30 0").split()[2]
+        gone = _queueBehind(node, how, tmp_path)
+        live.send(b"A k 30 0\n")
+        waitQueued(live)
+        assert statusOf(httpPort)["waiters"] == 2
+        if how == "kill -9":
+            gone.kill()  # type: ignore[attr-defined]
+            gone.wait(10)  # type: ignore[attr-defined]
+        elif how == "close":
+            gone.close()  # type: ignore[attr-defined]
+        else:
+            gone.sock.shutdown(socket.SHUT_WR)  # type: ignore[attr-defined]
+        waitFor(lambda: statusOf(httpPort)["waiters"] == 1, timeout=10,
+                what="the gone waiter withdrawn")
+        assert holder.ask(b"R k " + granted) == b"R k OK"
+        assert live.readline(timeout=5).startswith(b"A k ")
+        if how == "shutdown(SHUT_WR)":
+            # Its socket is still open for reading: it got nothing, then EOF.
+            gone.sock.settimeout(10)  # type: ignore[attr-defined]
+            assert gone.sock.recv(100) == b""  # type: ignore[attr-defined]
+            gone.close()  # type: ignore[attr-defined]
 
 
 def test_sigint_stops_a_node_started_with_sigint_ignored(tmp_path) -> None:  # type: ignore[no-untyped-def]

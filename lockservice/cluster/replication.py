@@ -139,10 +139,9 @@ class Stream:
         now = self.cluster.clock.seconds()
         self._queue(b"G %s %d %d %d\n" % (key, token, _us(expiresAt - now), _us(now - grantedAt)))
 
-    def renewed(self, key: bytes, token: int, expiresAt: float, *rest: Any) -> None:
-        holder = self.cluster.locks.table.holder(key)
+    def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
         now = self.cluster.clock.seconds()
-        age = now - holder.grantedAt if holder is not None else 0.0
+        age = now - grantedAt
         self._queue(b"G %s %d %d %d\n" % (key, token, _us(expiresAt - now), _us(age)))
 
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:

@@ -9,8 +9,7 @@ service around it owns the clock and arms the timers.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Callable, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 MAX_TOKEN = 2**64 - 1
 
@@ -51,18 +50,91 @@ class Waiter:
     """
     One acquire request in a key's queue.
 
-    C{owner} is opaque to the table: the service keeps there whatever it
-    needs to answer the request later (a connection, a timer).
+    The table links queued waiters into an intrusive doubly linked list
+    (C{prev}/C{next}), so withdrawing any one of them costs O(1) however
+    long its queue is.
+
+    @ivar key: the key asked for.
+    @ivar lease: the lease (seconds) the grant will run for.
+    @ivar queuedAt: (monotonic) time it joined the queue.
+    @ivar queued: True while it is in a queue.
     """
 
-    __slots__ = ("key", "lease", "owner", "queuedAt", "queued")
+    __slots__ = ("key", "lease", "queuedAt", "queued", "prev", "next")
 
-    def __init__(self, key: bytes, lease: float, owner: object = None) -> None:
+    def __init__(self, key: bytes, lease: float) -> None:
         self.key = key
         self.lease = lease
-        self.owner = owner
         self.queuedAt = 0.0
         self.queued = False
+        self.prev: Optional[Waiter] = None
+        self.next: Optional[Waiter] = None
+
+    def holderName(self) -> Optional[str]:
+        """
+        Who will hold the key if this waiter is granted (recorded on the
+        L{Holder}); the service's waiters name their connection.
+        """
+        return None
+
+
+class WaitQueue:
+    """
+    The FIFO queue of a held key: a doubly linked list of L{Waiter}s.
+
+    @ivar head: the first waiter (next to be granted), or None.
+    @ivar tail: the last waiter, or None.
+    @ivar length: how many waiters are queued.
+    """
+
+    __slots__ = ("head", "tail", "length")
+
+    def __init__(self) -> None:
+        self.head: Optional[Waiter] = None
+        self.tail: Optional[Waiter] = None
+        self.length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[Waiter]:
+        waiter = self.head
+        while waiter is not None:
+            following = waiter.next
+            yield waiter
+            waiter = following
+
+    def append(self, waiter: Waiter) -> None:
+        waiter.prev = self.tail
+        waiter.next = None
+        if self.tail is None:
+            self.head = waiter
+        else:
+            self.tail.next = waiter
+        self.tail = waiter
+        self.length += 1
+
+    def remove(self, waiter: Waiter) -> None:
+        """
+        Unlink C{waiter}, which must be in this queue: O(1).
+        """
+        before, after = waiter.prev, waiter.next
+        if before is None:
+            self.head = after
+        else:
+            before.next = after
+        if after is None:
+            self.tail = before
+        else:
+            after.prev = before
+        waiter.prev = waiter.next = None
+        self.length -= 1
+
+    def popleft(self) -> Waiter:
+        waiter = self.head
+        assert waiter is not None
+        self.remove(waiter)
+        return waiter
 
 
 class Holder:
@@ -71,16 +143,43 @@ class Holder:
     only when someone waits, to keep an uncontended key small).
 
     The same object stays in the table while the key passes from grant to
-    grant; its fields change at each hand-over.
+    grant; its fields change at each hand-over.  These attributes are
+    public (the status pages, events and deadlock detection read them):
+
+    @ivar token: the fencing token of the current grant.
+    @ivar grantedAt: (monotonic) time of the current grant.
+    @ivar expiresAt: (monotonic) time its lease runs out; a renewal moves it.
+    @ivar owner: who holds it: the holding connection's name (sent with
+        C{I}) or its peer address, as one shared C{str} per connection, or
+        None when unknown (a grant learned by replication).
+    @ivar renewals: how many times the current grant was renewed.
+    @ivar queue: the waiters, or None when nobody waits.
     """
 
-    __slots__ = ("token", "grantedAt", "expiresAt", "queue")
+    __slots__ = ("token", "grantedAt", "expiresAt", "owner", "renewals", "queue")
 
-    def __init__(self, token: int, grantedAt: float, expiresAt: float) -> None:
+    def __init__(
+        self, token: int, grantedAt: float, expiresAt: float, owner: Optional[str] = None
+    ) -> None:
         self.token = token
         self.grantedAt = grantedAt
         self.expiresAt = expiresAt
-        self.queue: Optional[Deque[Waiter]] = None
+        self.owner = owner
+        self.renewals = 0
+        self.queue: Optional[WaitQueue] = None
+
+    def waiters(self) -> Iterator[Waiter]:
+        """
+        The queued waiters, first to be granted first.
+        """
+        return iter(self.queue) if self.queue is not None else iter(())
+
+    @property
+    def waiting(self) -> int:
+        """
+        How many waiters are queued.
+        """
+        return self.queue.length if self.queue is not None else 0
 
 
 class Grant:
@@ -100,13 +199,27 @@ class Grant:
         self.waiter = waiter
 
 
+class HandOverFailed(Exception):
+    """
+    A release or expiry took effect (the key is free), but no token could be
+    issued for the next waiter (L{TokenExhausted}): every waiter of the key
+    was taken out of the queue and must be answered with an error.
+
+    @ivar waiters: those waiters, in queue order.
+    """
+
+    def __init__(self, waiters: List[Waiter]) -> None:
+        super().__init__("fencing token space exhausted")
+        self.waiters = waiters
+
+
 class LockTable:
     """
     Named, non-reentrant locks with FIFO queues and leases.
 
     A key has an entry only while it is held; a free key with waiters never
     exists because a release or expiry hands the key straight to the first
-    waiter.
+    waiter.  Every operation costs O(1) whatever the queue lengths.
     """
 
     def __init__(self, tokens: TokenIssuer) -> None:
@@ -124,7 +237,7 @@ class LockTable:
 
     def queueLength(self, key: bytes) -> int:
         holder = self._keys.get(key)
-        return len(holder.queue) if holder is not None and holder.queue else 0
+        return holder.waiting if holder is not None else 0
 
     def holders(self) -> Iterator[Tuple[bytes, Holder]]:
         return iter(self._keys.items())
@@ -136,17 +249,18 @@ class LockTable:
         Grant C{waiter.key} at once if it is free, otherwise queue the waiter.
 
         @return: the grant, or None when the waiter was queued.
+        @raise TokenExhausted: no token left; nothing changed.
         """
         holder = self._keys.get(waiter.key)
         if holder is None:
             token = self.tokens.issue()
             expiresAt = now + waiter.lease
-            self._keys[waiter.key] = Holder(token, now, expiresAt)
+            self._keys[waiter.key] = Holder(token, now, expiresAt, waiter.holderName())
             return Grant(waiter.key, token, expiresAt, None)
         waiter.queuedAt = now
         waiter.queued = True
         if holder.queue is None:
-            holder.queue = deque()
+            holder.queue = WaitQueue()
         holder.queue.append(waiter)
         self.waiterCount += 1
         return None
@@ -157,6 +271,7 @@ class LockTable:
 
         @return: C{(released, next grant)}; C{released} is False when
             C{token} does not hold the key (a stale or unknown token).
+        @raise HandOverFailed: released, but the waiters could not be served.
         """
         holder = self._keys.get(key)
         if holder is None or holder.token != token:
@@ -169,63 +284,110 @@ class LockTable:
 
         @return: C{(expired, next grant)}; nothing happens (False) when the
             grant no longer holds the key or its lease has not run out.
+        @raise HandOverFailed: expired, but the waiters could not be served.
         """
         holder = self._keys.get(key)
         if holder is None or holder.token != token or holder.expiresAt > now:
             return False, None
         return True, self._handOver(key, holder, now)
 
+    def renew(self, key: bytes, token: int, lease: float, now: float) -> Optional[Holder]:
+        """
+        Extend the grant C{token} of C{key}: its lease runs C{lease} seconds
+        from C{now}; the token does not change.
+
+        @return: the holder, or None (nothing changed) when C{token} does not
+            hold the key, or its lease has already run out.
+        """
+        holder = self._keys.get(key)
+        if holder is None or holder.token != token or holder.expiresAt <= now:
+            return None
+        holder.expiresAt = now + lease
+        holder.renewals += 1
+        return holder
+
     def withdraw(self, waiter: Waiter) -> bool:
         """
         Remove a waiter from its queue (wait ran out, or its connection
-        closed).
+        closed): O(1).
 
         @return: True if it was still waiting.
         """
         if not waiter.queued:
             return False
         waiter.queued = False
-        queue = self._keys[waiter.key].queue
+        holder = self._keys[waiter.key]
+        queue = holder.queue
         assert queue is not None
         queue.remove(waiter)
+        if not queue.length:
+            holder.queue = None
         self.waiterCount -= 1
         return True
 
     def _handOver(self, key: bytes, holder: Holder, now: float) -> Optional[Grant]:
-        if not holder.queue:
+        queue = holder.queue
+        if queue is None:
             del self._keys[key]
             return None
-        token = self.tokens.issue()
-        waiter = holder.queue.popleft()
+        try:
+            token = self.tokens.issue()
+        except TokenExhausted:
+            # Never leave the key held by a grant that ended: free it and
+            # give the waiters back to be answered.
+            del self._keys[key]
+            orphans = self._unqueue(holder)
+            raise HandOverFailed(orphans) from None
+        waiter = queue.popleft()
+        if not queue.length:
+            holder.queue = None
         waiter.queued = False
         self.waiterCount -= 1
         holder.token = token
         holder.grantedAt = now
         holder.expiresAt = now + waiter.lease
+        holder.owner = waiter.holderName()
+        holder.renewals = 0
         return Grant(key, token, holder.expiresAt, waiter)
+
+    def _unqueue(self, holder: Holder) -> List[Waiter]:
+        orphans = list(holder.waiters())
+        for waiter in orphans:
+            waiter.queued = False
+            waiter.prev = waiter.next = None
+        self.waiterCount -= len(orphans)
+        holder.queue = None
+        return orphans
 
     # -- replication -------------------------------------------------------
 
     def install(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
         """
         Record a holder learned from the active node (a standby's mirror).
-        Waiters are never replicated, so the mirror holds none.
+        Waiters are never replicated, so the mirror holds none.  Installing
+        the token that already holds the key only moves its expiry.
         """
         self.tokens.observe(token)
         holder = self._keys.get(key)
         if holder is None:
             self._keys[key] = Holder(token, grantedAt, expiresAt)
+        elif holder.token == token:
+            # The same grant again (a renewal, or a new snapshot): it keeps
+            # the time it was first seen granted.
+            holder.expiresAt = expiresAt
         else:
             holder.token = token
             holder.grantedAt = grantedAt
             holder.expiresAt = expiresAt
+            holder.owner = None
+            holder.renewals = 0
 
     def drop(self, key: bytes, token: int) -> None:
         """
         Forget the mirrored holder C{token} of C{key}, if it still holds it.
         """
         holder = self._keys.get(key)
-        if holder is not None and holder.token == token and not holder.queue:
+        if holder is not None and holder.token == token and holder.queue is None:
             del self._keys[key]
 
     def takeWaiters(self) -> List[Waiter]:
@@ -236,11 +398,8 @@ class LockTable:
         """
         orphans: List[Waiter] = []
         for holder in self._keys.values():
-            if holder.queue:
-                for waiter in holder.queue:
-                    waiter.queued = False
-                    orphans.append(waiter)
-                holder.queue = None
+            if holder.queue is not None:
+                orphans.extend(self._unqueue(holder))
         self.waiterCount = 0
         return orphans
 

@@ -54,6 +54,15 @@ class Release:
         self.token = token
 
 
+class Renew:
+    __slots__ = ("key", "token", "lease")
+
+    def __init__(self, key: bytes, token: int, lease: float) -> None:
+        self.key = key
+        self.token = token
+        self.lease = lease
+
+
 class Ping:
     __slots__ = ("word",)
 
@@ -61,9 +70,16 @@ class Ping:
         self.word = word
 
 
-Request = Union[Acquire, Release, Ping]
+class Identify:
+    __slots__ = ("name",)
 
-_ARITY = {b"A": 4, b"R": 3, b"P": 2}
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+
+
+Request = Union[Acquire, Release, Renew, Ping, Identify]
+
+_ARITY = {b"A": 4, b"R": 3, b"N": 4, b"P": 2, b"I": 2}
 
 
 # Printable ASCII except space: a key made only of these needs no decoding.
@@ -158,10 +174,14 @@ def parseToken(field: bytes) -> Optional[int]:
 _USAGE = {
     b"A": "expected: A <key> <lease> <wait>",
     b"R": "expected: R <key> <token>",
+    b"N": "expected: N <key> <token> <lease>",
     b"P": "expected: P <word>",
+    b"I": "expected: I <name>",
 }
 _BAD_KEY = "bad key: 1-250 bytes of UTF-8, no spaces or control characters"
 _BAD_WORD = "bad word: 1-250 bytes of UTF-8, no spaces or control characters"
+_BAD_NAME = "bad name: 1-250 bytes of UTF-8, no spaces or control characters"
+_BAD_TOKEN = "bad token: decimal digits, at most 2^64-1"
 
 
 def _bad(fields: List[bytes], message: str) -> BadRequest:
@@ -189,21 +209,34 @@ def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
         raise _bad(fields, _USAGE[op])
     key = fields[1]
     if not isValidKey(key):
-        raise _bad(fields, _BAD_WORD if op == b"P" else _BAD_KEY)
+        raise _bad(fields, _BAD_WORD if op == b"P" else _BAD_NAME if op == b"I" else _BAD_KEY)
     if op == b"A":
-        lease = parseSeconds(fields[2], maxLease)
-        if lease is None or lease == 0.0:
-            raise _bad(fields, f"bad lease: seconds, 0 < lease <= {maxLease:g}, digits only")
+        lease = _lease(fields, fields[2], maxLease)
         wait = parseSeconds(fields[3], maxWait)
         if wait is None:
             raise _bad(fields, f"bad wait: seconds, 0 <= wait <= {maxWait:g}, digits only")
         return Acquire(key, lease, wait)
     if op == b"R":
-        token = parseToken(fields[2])
-        if token is None:
-            raise _bad(fields, "bad token: decimal digits, at most 2^64-1")
-        return Release(key, token)
+        return Release(key, _token(fields, fields[2]))
+    if op == b"N":
+        return Renew(key, _token(fields, fields[2]), _lease(fields, fields[3], maxLease))
+    if op == b"I":
+        return Identify(key)
     return Ping(key)
+
+
+def _lease(fields: List[bytes], field: bytes, maxLease: float) -> float:
+    lease = parseSeconds(field, maxLease)
+    if lease is None or lease == 0.0:
+        raise _bad(fields, f"bad lease: seconds, 0 < lease <= {maxLease:g}, digits only")
+    return lease
+
+
+def _token(fields: List[bytes], field: bytes) -> int:
+    token = parseToken(field)
+    if token is None:
+        raise _bad(fields, _BAD_TOKEN)
+    return token
 
 
 # -- answers ----------------------------------------------------------------
@@ -221,8 +254,16 @@ def released(key: bytes, ok: bool) -> bytes:
     return b"R " + key + (b" OK\n" if ok else b" STALE\n")
 
 
+def renewed(key: bytes, ok: bool) -> bytes:
+    return b"N " + key + (b" OK\n" if ok else b" STALE\n")
+
+
 def pong(word: bytes) -> bytes:
     return b"P " + word + b"\n"
+
+
+def identified(name: bytes) -> bytes:
+    return b"I " + name + b"\n"
 
 
 def redirect(op: bytes, key: bytes, active: Optional[bytes]) -> bytes:

@@ -49,6 +49,17 @@ class _StatsCollector(Collector):
         releases.add_metric(["ok"], stats.releasesOk)
         releases.add_metric(["stale"], stats.releasesStale)
         yield releases
+        renewals = CounterMetricFamily(
+            "lockservice_renewals", "Renewals by outcome", labels=["result"]
+        )
+        renewals.add_metric(["ok"], stats.renewalsOk)
+        renewals.add_metric(["stale"], stats.renewalsStale)
+        yield renewals
+        internal = CounterMetricFamily(
+            "lockservice_internal_errors", "Exceptions caught inside the server (bugs; "
+            "the first of each kind is logged)")
+        internal.add_metric([], stats.internalErrors)
+        yield internal
         table = self.locks.table
         for name, doc, value in [
             ("held_keys", "Keys held right now", len(table)),
@@ -99,6 +110,9 @@ class Metrics:
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
                 waited: float) -> None:
         self.acquireWait.observe(waited)
+
+    def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
+        pass  # counted in Stats (lockservice_renewals)
 
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
         self.holdTime.observe(heldFor)

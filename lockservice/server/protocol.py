@@ -43,12 +43,17 @@ class LockProtocol(LineOnlyReceiver):
     One client connection.
 
     Answers to queued acquires are written in send order per key, as the
-    spec requires for equal (op, key) pairs: a later request's timeout is
-    held back until the earlier request on the same key is answered.
+    protocol requires for equal (op, key) pairs: a later request's timeout
+    is held back until the earlier request on the same key is answered.
 
-    A client that only shuts down its sending side (C{printf ... | nc})
-    still gets the answers to its queued acquires; the connection closes
-    after the last one.
+    An end of input (a FIN: the client closed its socket, died, or only
+    shut down its sending side as C{printf ... | nc} does) withdraws every
+    acquire of this connection that is still queued, at once: the server
+    cannot tell these cases apart, and a dead waiter must never be handed a
+    lock.  Answers already decided are written before the server closes.
+
+    @ivar name: who this connection is (shown for its holders and
+        waiters): the name it sent with C{I}, else its peer address.
     """
 
     delimiter = b"\n"
@@ -62,12 +67,13 @@ class LockProtocol(LineOnlyReceiver):
         self.peer: Optional[PeerHandler] = None
         self._batch: Optional[List[bytes]] = None
         self._socket: Any = None
-        self._readClosed = False
+        self.name = "?"
 
     def connectionMade(self) -> None:
         self.service = self.factory.service
         self.service.connections.add(self)
         self.service.stats.connections += 1
+        self.name = _addressName(self.transport.getPeer())  # type: ignore[union-attr]
         noDelay(self.transport)
         # A plain TCP transport lets us send straight to the socket; any
         # other transport (TLS, tests) goes through transport.write().
@@ -77,13 +83,24 @@ class LockProtocol(LineOnlyReceiver):
 
     def write(self, data: bytes) -> None:
         """
-        Send an answer.  Answers produced while a chunk of input is being
-        processed are gathered and sent together at its end.
+        Send an answer.  Answers produced during one of the service's turns
+        (a chunk of input being processed, a batch of timers) are gathered
+        and sent together at its end.
         """
         if self._batch is not None:
             self._batch.append(data)
+            return
+        turn = self.service.turn
+        if turn is not None:
+            self._batch = [data]
+            turn.append(self)
         else:
             self._send(data)
+
+    def flushAnswers(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch:
+            self._send(b"".join(batch))
 
     def _send(self, data: bytes) -> None:
         # When nothing is buffered we send at once and hand only what the
@@ -108,13 +125,13 @@ class LockProtocol(LineOnlyReceiver):
         if self.peer is not None:
             self.peer.dataReceived(data)
             return
-        self._batch = []
+        service = self.service
+        outer = service.openTurn()
         try:
             self._readLines(data)
         finally:
-            batch, self._batch = self._batch, None
-            if batch:
-                self._send(b"".join(batch))
+            if outer:
+                service.closeTurn()
 
     def _readLines(self, data: bytes) -> None:
         if self._buffer:
@@ -131,9 +148,7 @@ class LockProtocol(LineOnlyReceiver):
                 # A peer handshake switched this connection over.
                 rest = b"\n".join(lines[index + 1:] + [self._buffer])
                 self._buffer = b""
-                batch, self._batch = self._batch, None
-                if batch:
-                    self._send(b"".join(batch))
+                self.flushAnswers()
                 if rest:
                     self.peer.dataReceived(rest)
                 return
@@ -147,8 +162,8 @@ class LockProtocol(LineOnlyReceiver):
     def lineLengthExceeded(self, line: bytes) -> None:
         self._buffer = b""
         self.service.stats.errors += 1
-        batch, self._batch = self._batch or [], None
-        self._send(b"".join(batch) + wire.LINE_TOO_LONG)
+        self.write(wire.LINE_TOO_LONG)
+        self.flushAnswers()
         self.transport.loseConnection()  # type: ignore[union-attr]
 
     def lineReceived(self, line: bytes) -> None:
@@ -174,8 +189,14 @@ class LockProtocol(LineOnlyReceiver):
             self._acquire(request)
         elif isinstance(request, wire.Release):
             service.release(request.key, request.token, self.write)
-        else:
+        elif isinstance(request, wire.Renew):
+            service.renew(request.key, request.token, request.lease, self.write)
+        elif isinstance(request, wire.Ping):
             self.write(wire.pong(request.word))
+        else:
+            # One str per connection: every key it then holds shares it.
+            self.name = request.name.decode("utf-8")
+            self.write(wire.identified(request.name))
 
     def _acquire(self, request: wire.Acquire) -> None:
         waiter = PendingAcquire(request.key, request.lease, self)
@@ -200,13 +221,25 @@ class LockProtocol(LineOnlyReceiver):
             self.write(queue.popleft().answer)  # type: ignore[arg-type]
         if not queue:
             del self._pending[waiter.key]
-            if self._readClosed and not self._pending:
-                self.transport.loseConnection()  # type: ignore[union-attr]
+
+    def _withdrawAll(self) -> None:
+        """
+        Withdraw every queued acquire of this connection (O(1) each) and
+        write the answers that were already decided, in order.
+        """
+        pending, self._pending = self._pending, {}
+        service = self.service
+        for queue in pending.values():
+            for waiter in queue:
+                if waiter.answer is None:
+                    service.withdraw(waiter)
+                else:
+                    self.write(waiter.answer)
 
     def readConnectionLost(self) -> None:
-        self._readClosed = True
-        if self.peer is not None or not self._pending:
-            self.transport.loseConnection()  # type: ignore[union-attr]
+        if self.peer is None:
+            self._withdrawAll()
+        self.transport.loseConnection()  # type: ignore[union-attr]
 
     def writeConnectionLost(self) -> None:
         self.transport.loseConnection()  # type: ignore[union-attr]
@@ -216,10 +249,20 @@ class LockProtocol(LineOnlyReceiver):
             self.peer.connectionLost(reason)
             self.peer = None
         self.service.connections.discard(self)
-        for queue in self._pending.values():
+        pending, self._pending = self._pending, {}
+        for queue in pending.values():
             for waiter in queue:
                 self.service.withdraw(waiter)
-        self._pending.clear()
+
+
+def _addressName(address: Any) -> str:
+    """
+    C{host:port} of a peer address (C{[host]:port} for IPv6).
+    """
+    host, port = getattr(address, "host", None), getattr(address, "port", None)
+    if host is None or port is None:
+        return str(address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class LockFactory(Factory):

@@ -20,29 +20,110 @@ from twisted.logger import Logger
 
 from lockservice.core import wire
 from lockservice.core.election import ACTIVE, HANDING_OFF
-from lockservice.core.table import Grant, Holder, LockTable, TokenExhausted, TokenIssuer, Waiter
+from lockservice.core.table import (
+    Grant,
+    HandOverFailed,
+    Holder,
+    LockTable,
+    TokenExhausted,
+    TokenIssuer,
+    Waiter,
+)
 
 
 class AnswerSink(Protocol):
     """
     Where a queued acquire's answer goes (a client connection).
+
+    @ivar name: who the connection is: the name it sent with C{I}, else its
+        peer address.  One C{str} object per connection, shared by every
+        L{Holder} it holds.
     """
 
-    def finish(self, waiter: "PendingAcquire", answer: bytes) -> None: ...
+    name: str
+
+    def finish(self, waiter: "PendingAcquire", answer: bytes) -> None:
+        """
+        Answer C{waiter} (queued by this connection) with C{answer}.
+        """
+
+    def flushAnswers(self) -> None:
+        """
+        Send the answers gathered during the service's current turn.
+        """
 
 
 class PendingAcquire(Waiter):
     """
     A queued acquire: the table's waiter plus what is needed to answer it.
+
+    @ivar conn: the connection that asked (its C{name} says who waits).
+    @ivar deadline: (monotonic) time its wait runs out, 0 for no limit.
+    @ivar answer: the answer once decided (the connection may hold it back
+        to keep send order among equal keys).
     """
 
-    __slots__ = ("conn", "timer", "answer")
+    __slots__ = ("conn", "deadline", "answer")
 
     def __init__(self, key: bytes, lease: float, conn: AnswerSink) -> None:
         super().__init__(key, lease)
         self.conn = conn
-        self.timer: Optional[IDelayedCall] = None
+        self.deadline = 0.0
         self.answer: Optional[bytes] = None
+
+    def holderName(self) -> Optional[str]:
+        return self.conn.name
+
+
+class _Alarm:
+    """
+    One reactor timer for the earliest of many deadlines kept in a heap.
+
+    While it rings (C{fire} works through the due deadlines) it is not
+    re-armed; afterwards it is armed for C{nextDue()}.  An exception in
+    C{fire} never leaves it unarmed.
+    """
+
+    __slots__ = ("clock", "fire", "nextDue", "call", "at", "firing")
+
+    def __init__(self, clock: IReactorTime, fire: Callable[[float], None],
+                 nextDue: Callable[[], Optional[float]]) -> None:
+        self.clock = clock
+        self.fire = fire
+        self.nextDue = nextDue
+        self.call: Optional[IDelayedCall] = None
+        self.at = inf
+        self.firing = False
+
+    def arm(self, at: float) -> None:
+        if self.firing or at >= self.at:
+            return
+        self.cancel()
+        self.at = at
+        self.call = self.clock.callLater(max(0.0, at - self.clock.seconds()), self._ring)
+
+    def rearm(self) -> None:
+        self.cancel()
+        due = self.nextDue()
+        if due is not None:
+            self.arm(due)
+
+    def cancel(self) -> None:
+        if self.call is not None and self.call.active():
+            self.call.cancel()
+        self.call = None
+        self.at = inf
+
+    def _ring(self) -> None:
+        at = self.at
+        self.call = None
+        self.at = inf
+        self.firing = True
+        try:
+            self.fire(at)
+        finally:
+            self.firing = False
+            self.rearm()
 
 
 class Stats:
@@ -54,22 +135,40 @@ class Stats:
         self.grants = 0
         self.releasesOk = 0
         self.releasesStale = 0
+        self.renewalsOk = 0
+        self.renewalsStale = 0
         self.expirations = 0
         self.timeouts = 0
         self.redirects = 0
         self.errors = 0
         self.connections = 0
+        self.internalErrors = 0
 
 
 class ChangeObserver(Protocol):
     """
-    Told of every change to the held keys (replication, metrics).
+    Told of every change to the held keys (replication, metrics), before
+    the client concerned is answered.
     """
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
-                waited: float) -> None: ...
+                waited: float) -> None:
+        """
+        C{key} was granted to C{token} at C{grantedAt} until C{expiresAt}
+        (monotonic seconds) after C{waited} seconds in the queue.
+        """
 
-    def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None: ...
+    def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
+        """
+        The grant C{token} of C{key} (granted at C{grantedAt}) now runs
+        until C{expiresAt}.
+        """
+
+    def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
+        """
+        The grant C{token} of C{key} ended after C{heldFor} seconds: released,
+        or C{expired}.
+        """
 
 
 class LockService(Service):
@@ -99,9 +198,21 @@ class LockService(Service):
         self.activeAddress: Optional[bytes] = None
         self.startedAt = clock.seconds()
         self.connections: Set[object] = set()
-        self._deadlines: List[Tuple[float, bytes, int]] = []
-        self._alarm: Optional[IDelayedCall] = None
-        self._alarmAt = inf
+        self._errorsLogged: Set[str] = set()
+        # Connections whose answers are being gathered in this reactor turn.
+        self.turn: Optional[List[AnswerSink]] = None
+        # Lease deadlines: (expiresAt, key, token).  A release or renewal
+        # leaves its entry behind (skipped when it comes up); the heap is
+        # rebuilt when such entries pile up.
+        self._leases: List[Tuple[float, bytes, int]] = []
+        self._leaseAlarm = _Alarm(clock, self._leasesDue, self._nextLease)
+        # Wait deadlines: (deadline, sequence, waiter).  A waiter that
+        # leaves its queue otherwise leaves its entry behind, counted in
+        # _staleWaits, and the heap is rebuilt when they pile up.
+        self._waits: List[Tuple[float, int, PendingAcquire]] = []
+        self._waitSeq = 0
+        self._staleWaits = 0
+        self._waitAlarm = _Alarm(clock, self._waitsDue, self._nextWait)
 
     # -- role ------------------------------------------------------------
 
@@ -123,10 +234,14 @@ class LockService(Service):
         if role == ACTIVE and not wasActive:
             self._armAllLeases()
         if role not in (ACTIVE, HANDING_OFF):
-            for waiter in self._takeWaiters():
-                self._cancelWaitTimer(waiter)
-                self.stats.redirects += 1
-                waiter.conn.finish(waiter, wire.redirect(b"A", waiter.key, activeAddress))
+            outer = self.openTurn()
+            try:
+                for waiter in self._takeWaiters():
+                    self.stats.redirects += 1
+                    waiter.conn.finish(waiter, wire.redirect(b"A", waiter.key, activeAddress))
+            finally:
+                if outer:
+                    self.closeTurn()
 
     # -- the interface the cluster layer drives ----------------------------
 
@@ -208,13 +323,17 @@ class LockService(Service):
             self._granted(grant, now, 0.0)
             return wire.granted(grant.key, grant.token)
         if wait > 0:
-            waiter.timer = self.clock.callLater(wait, self._waitExpired, waiter)
+            waiter.deadline = deadline = now + wait
+            self._waitSeq += 1
+            heappush(self._waits, (deadline, self._waitSeq, waiter))
+            self._waitAlarm.arm(deadline)
         return None
 
     def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
         """
-        Release C{token}'s hold on C{key}; C{reply} gets the answer before
-        the key's next waiter hears of its grant.
+        Release C{token}'s hold on C{key}; C{reply} gets the answer after the
+        observers heard of it and before the key's next waiter hears of its
+        grant.
         """
         if self.role != ACTIVE:
             self.stats.redirects += 1
@@ -227,104 +346,170 @@ class LockService(Service):
             reply(wire.released(key, False))
             return
         heldFor = now - holder.grantedAt
+        orphans: List[Waiter] = []
         try:
             _, grant = self.table.release(key, token, now)
-        except TokenExhausted:
-            grant = None
+        except HandOverFailed as e:
+            grant, orphans = None, e.waiters
+        # The table no longer holds `token` here, whatever happened.
         self.stats.releasesOk += 1
-        reply(wire.released(key, True))
         self._dropped(key, token, heldFor, expired=False)
-        if grant is not None:
-            self._handedOver(grant, now)
+        reply(wire.released(key, True))
+        self._afterHandOver(grant, orphans, now)
+
+    def renew(self, key: bytes, token: int, lease: float,
+              reply: Callable[[bytes], object]) -> None:
+        """
+        Extend C{token}'s hold on C{key} to C{lease} seconds from now.
+        """
+        if self.role != ACTIVE:
+            self.stats.redirects += 1
+            reply(wire.redirect(b"N", key, self.activeAddress))
+            return
+        now = self.clock.seconds()
+        holder = self.table.renew(key, token, lease, now)
+        if holder is None:
+            self.stats.renewalsStale += 1
+            reply(wire.renewed(key, False))
+            return
+        self.stats.renewalsOk += 1
+        self._armLease(key, token, holder.expiresAt)
+        for observer in self.observers:
+            self._notify(observer.renewed, key, token, holder.grantedAt, holder.expiresAt)
+        reply(wire.renewed(key, True))
 
     def withdraw(self, waiter: PendingAcquire) -> None:
         """
-        Drop a waiter whose connection closed.
+        Drop a waiter whose connection closed: O(1) (amortized).
         """
         if self.table.withdraw(waiter):
-            self._cancelWaitTimer(waiter)
+            self._forgetWait(waiter)
+
+    # -- answers gathered per reactor turn -----------------------------
+
+    def openTurn(self) -> bool:
+        """
+        Start gathering answers: until L{closeTurn}, what each connection
+        is told is collected and sent in one write per connection.
+
+        @return: True when this call opened the turn (and must close it).
+        """
+        if self.turn is not None:
+            return False
+        self.turn = []
+        return True
+
+    def closeTurn(self) -> None:
+        """
+        Send every connection the answers gathered since L{openTurn}.
+        """
+        turn, self.turn = self.turn, None
+        for conn in turn or ():
+            try:
+                conn.flushAnswers()
+            except Exception:
+                self._internalError("sending answers")
 
     # -- timers ----------------------------------------------------------
 
-    def _waitExpired(self, waiter: PendingAcquire) -> None:
-        waiter.timer = None
-        if self.table.withdraw(waiter):
-            self.stats.timeouts += 1
-            waiter.conn.finish(waiter, wire.timedOut(waiter.key))
+    def _nextWait(self) -> Optional[float]:
+        return self._waits[0][0] if self._waits else None
 
-    # Lease timers: one heap of (expiresAt, key, token) and a single reactor
-    # alarm for its earliest entry.  A release leaves its entry behind (it is
-    # skipped when it comes up); that is cheaper on the hot path than a
-    # DelayedCall per grant, and the heap is rebuilt when stale entries
-    # pile up.
+    def _waitsDue(self, at: float) -> None:
+        now = max(self.clock.seconds(), at)
+        heap = self._waits
+        outer = self.openTurn()
+        try:
+            while heap and heap[0][0] <= now:
+                deadline, _, waiter = heappop(heap)
+                if waiter.deadline != deadline:
+                    self._staleWaits -= 1
+                    continue
+                waiter.deadline = 0.0
+                try:
+                    if self.table.withdraw(waiter):
+                        self.stats.timeouts += 1
+                        waiter.conn.finish(waiter, wire.timedOut(waiter.key))
+                except Exception:
+                    self._internalError("wait timeout")
+        finally:
+            if outer:
+                self.closeTurn()
+
+    def _forgetWait(self, waiter: PendingAcquire) -> None:
+        """
+        C{waiter} left its queue before its wait ran out: its heap entry is
+        now stale.
+        """
+        if waiter.deadline:
+            waiter.deadline = 0.0
+            self._staleWaits += 1
+            if (self._staleWaits > 4096 and 2 * self._staleWaits > len(self._waits)
+                    and not self._waitAlarm.firing):
+                self._waits = [e for e in self._waits if e[2].deadline == e[0]]
+                heapify(self._waits)
+                self._staleWaits = 0
+                self._waitAlarm.rearm()
+
+    def _nextLease(self) -> Optional[float]:
+        return self._leases[0][0] if self._leases else None
 
     def _armLease(self, key: bytes, token: int, expiresAt: float) -> None:
-        heappush(self._deadlines, (expiresAt, key, token))
-        if expiresAt < self._alarmAt:
-            self._setAlarm(expiresAt)
-        elif self._alarmAt != -inf and len(self._deadlines) > 2 * len(self.table) + 4096:
+        heappush(self._leases, (expiresAt, key, token))
+        if expiresAt < self._leaseAlarm.at:
+            self._leaseAlarm.arm(expiresAt)
+        elif not self._leaseAlarm.firing and len(self._leases) > 2 * len(self.table) + 4096:
             self._armAllLeases()
 
-    def _setAlarm(self, at: float) -> None:
-        if self._alarm is not None and self._alarm.active():
-            self._alarm.cancel()
-        self._alarmAt = at
-        self._alarm = self.clock.callLater(
-            max(0.0, at - self.clock.seconds()), self._leasesDue, at
-        )
-
     def _leasesDue(self, at: float) -> None:
-        self._alarm = None
-        self._alarmAt = -inf  # no re-arming while we work through the heap
         # The reactor judged `at` due; do not let float rounding disagree.
         now = max(self.clock.seconds(), at)
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            _, key, token = heappop(heap)
-            self._expire(key, token, now)
-        self._alarmAt = inf
-        if heap:
-            self._setAlarm(heap[0][0])
+        heap = self._leases
+        outer = self.openTurn()
+        try:
+            while heap and heap[0][0] <= now:
+                _, key, token = heappop(heap)
+                try:
+                    self._expire(key, token, now)
+                except Exception:
+                    # One bad hand-over must not stop every later expiry.
+                    self._internalError("lease expiry")
+        finally:
+            if outer:
+                self.closeTurn()
 
     def _expire(self, key: bytes, token: int, now: float) -> None:
         holder = self.table.holder(key)
         if holder is None or holder.token != token or holder.expiresAt > now:
-            return  # released, handed over or re-installed since
+            return  # released, renewed, handed over or re-installed since
         heldFor = now - holder.grantedAt
+        orphans: List[Waiter] = []
         try:
             _, grant = self.table.expire(key, token, now)
-        except TokenExhausted:
-            return
+        except HandOverFailed as e:
+            grant, orphans = None, e.waiters
         self.stats.expirations += 1
         self._dropped(key, token, heldFor, expired=True)
-        if grant is not None:
-            self._handedOver(grant, now)
+        self._afterHandOver(grant, orphans, now)
 
     def _armAllLeases(self) -> None:
-        self._deadlines = [(h.expiresAt, k, h.token) for k, h in self.table.holders()]
-        heapify(self._deadlines)
-        if self._alarmAt != -inf:
-            self._alarmAt = inf
-            if self._alarm is not None and self._alarm.active():
-                self._alarm.cancel()
-            self._alarm = None
-            if self._deadlines:
-                self._setAlarm(self._deadlines[0][0])
+        self._leases = [(h.expiresAt, k, h.token) for k, h in self.table.holders()]
+        heapify(self._leases)
+        if not self._leaseAlarm.firing:
+            self._leaseAlarm.rearm()
 
     def _cancelLeaseTimers(self) -> None:
-        self._deadlines = []
-        if self._alarm is not None and self._alarm.active():
-            self._alarm.cancel()
-        self._alarm = None
-        self._alarmAt = inf
+        self._leases = []
+        self._leaseAlarm.cancel()
 
     def _takeWaiters(self) -> List[PendingAcquire]:
-        return cast(List[PendingAcquire], self.table.takeWaiters())
-
-    def _cancelWaitTimer(self, waiter: PendingAcquire) -> None:
-        if waiter.timer is not None:
-            waiter.timer.cancel()
-            waiter.timer = None
+        waiters = cast(List[PendingAcquire], self.table.takeWaiters())
+        for waiter in waiters:
+            waiter.deadline = 0.0
+        self._waits = []
+        self._staleWaits = 0
+        self._waitAlarm.cancel()
+        return waiters
 
     # -- grants ----------------------------------------------------------
 
@@ -332,21 +517,48 @@ class LockService(Service):
         self.stats.grants += 1
         self._armLease(grant.key, grant.token, grant.expiresAt)
         for observer in self.observers:
-            observer.granted(grant.key, grant.token, now, grant.expiresAt, waited)
+            self._notify(observer.granted, grant.key, grant.token, now, grant.expiresAt, waited)
 
-    def _handedOver(self, grant: Grant, now: float) -> None:
+    def _afterHandOver(self, grant: Optional[Grant], orphans: List[Waiter], now: float) -> None:
         """
-        Deliver a FIFO hand-over (after a release or an expiry) to its waiter.
+        Deliver a FIFO hand-over (after a release or an expiry) to its
+        waiter, or answer the waiters that could not be served.
         """
-        waiter = grant.waiter
-        assert isinstance(waiter, PendingAcquire)
-        self._cancelWaitTimer(waiter)
-        self._granted(grant, now, now - waiter.queuedAt)
-        waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))
+        if grant is not None:
+            waiter = grant.waiter
+            assert isinstance(waiter, PendingAcquire)
+            self._forgetWait(waiter)
+            self._granted(grant, now, now - waiter.queuedAt)
+            waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))
+        for orphan in cast(List[PendingAcquire], orphans):
+            self._forgetWait(orphan)
+            self.stats.errors += 1
+            orphan.conn.finish(
+                orphan, wire.BadRequest(b"A", orphan.key, "fencing token space exhausted").answer()
+            )
 
     def _dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
         for observer in self.observers:
-            observer.dropped(key, token, heldFor, expired)
+            self._notify(observer.dropped, key, token, heldFor, expired)
+
+    def _notify(self, method: Callable[..., object], *args: object) -> None:
+        # An observer's bug must not leave the table half-updated or a
+        # client unanswered.
+        try:
+            method(*args)
+        except Exception:
+            self._internalError(f"observer {getattr(method, '__qualname__', method)}")
+
+    def _internalError(self, where: str) -> None:
+        """
+        Log the exception being handled, once per C{where} (a bug that
+        repeats must not flood the log), and count every occurrence.
+        """
+        self.stats.internalErrors += 1
+        if where not in self._errorsLogged:
+            self._errorsLogged.add(where)
+            self.log.failure("internal error in {where} (logged once; later ones are counted "
+                             "in lockservice_internal_errors)", where=where)
 
     # -- lifecycle -------------------------------------------------------
 
@@ -356,5 +568,4 @@ class LockService(Service):
     def stopService(self) -> None:
         super().stopService()
         self._cancelLeaseTimers()
-        for waiter in self._takeWaiters():
-            self._cancelWaitTimer(waiter)
+        self._takeWaiters()

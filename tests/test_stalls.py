@@ -1,0 +1,111 @@
+"""
+No request and no closing connection may stall the node: a real
+C{twistd} process with a queue of 100,000 waiters, while 10,000 more are
+withdrawn at once or time out at once, keeps answering another client's
+pings within 100 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.request
+from typing import Callable, List
+
+from lockservice.testing.harness import LineClient, freePort, waitFor
+
+STALL_BOUND = 0.1
+
+
+def statusOf(httpPort: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{httpPort}/status", timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def queue(port: int, count: int, line: bytes) -> LineClient:
+    """
+    A connection with C{count} acquires queued (they are all read by the
+    node when its ping after them is answered).
+    """
+    client = LineClient(port, timeout=120)
+    client.send(line * count + b"P filled\n")
+    assert client.readline() == b"P filled"
+    return client
+
+
+class Pinger(threading.Thread):
+    """
+    Pings the node continuously on its own connection; records each
+    round trip.
+    """
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.client = LineClient(port, timeout=30)
+        self.rtts: List[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            assert self.client.ask(b"P x") == b"P x"
+            self.rtts.append(time.perf_counter() - started)
+
+    def during(self, action: Callable[[], None]) -> float:
+        """
+        Run C{action} while pinging; the slowest round trip seen.
+        """
+        self.start()
+        waitFor(lambda: len(self.rtts) >= 20, timeout=30, what="pings before")
+        self.rtts.clear()
+        action()
+        count = len(self.rtts)
+        waitFor(lambda: len(self.rtts) >= count + 20, timeout=30, what="pings after")
+        self.stop.set()
+        self.join(30)
+        self.client.close()
+        return max(self.rtts)
+
+
+def test_mass_withdrawal_from_a_long_queue_does_not_stall(spawn) -> None:  # type: ignore[no-untyped-def]
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    with LineClient(node.port) as holder:
+        holder.ask(b"A k 30 0")
+        first = queue(node.port, 100_000, b"A k 30 0\n")
+        leaving = queue(node.port, 10_000, b"A k 30 0\n")
+        assert statusOf(httpPort)["waiters"] == 110_000
+
+        def reset() -> None:
+            # An abortive close (RST), as a crashed client's kernel sends.
+            leaving.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                    b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            leaving.close()
+            waitFor(lambda: statusOf(httpPort)["waiters"] == 100_000, timeout=30,
+                    what="10,000 waiters withdrawn")
+
+        slowest = Pinger(node.port).during(reset)
+        first.close()
+        print(f"slowest ping {slowest * 1000:.1f} ms")
+        assert slowest < STALL_BOUND, f"a ping took {slowest * 1000:.0f} ms"
+
+
+def test_mass_wait_timeout_does_not_stall(spawn) -> None:  # type: ignore[no-untyped-def]
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    with LineClient(node.port) as holder:
+        holder.ask(b"A k 30 0")
+        first = queue(node.port, 100_000, b"A k 30 0\n")
+
+        def timeouts() -> None:
+            client = queue(node.port, 10_000, b"A k 30 1\n")
+            waitFor(lambda: statusOf(httpPort)["waiters"] == 100_000, timeout=30,
+                    what="10,000 waits ran out")
+            client.close()
+
+        slowest = Pinger(node.port).during(timeouts)
+        first.close()
+        print(f"slowest ping {slowest * 1000:.1f} ms")
+        assert slowest < STALL_BOUND, f"a ping took {slowest * 1000:.0f} ms"
