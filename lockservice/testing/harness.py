@@ -83,9 +83,9 @@ class LineClient:
         self.close()
 
 
-def ping(port: int, timeout: float = 1.0) -> bool:
+def ping(port: int, timeout: float = 1.0, host: str = "127.0.0.1") -> bool:
     try:
-        with LineClient(port, timeout=timeout) as c:
+        with LineClient(port, host=host, timeout=timeout) as c:
             return c.ask(b"P ping") == b"P ping"
     except OSError:
         return False
@@ -105,7 +105,12 @@ class Node:
         name: Optional[str] = None,
     ) -> None:
         self.port = port
+        self.host = "127.0.0.1"
         self.address = f"127.0.0.1:{port}"
+        # Each peer's client address; --peers is this list, in order.
+        self.peerAddresses = [f"127.0.0.1:{p}" for p in peers] if peers else []
+        # A command prefix (e.g. `ip netns exec NAME`) to run the node in.
+        self.prefix: List[str] = []
         self.peers = list(peers) if peers else []
         self.args = list(args)
         self.logDir = logDir or tempfile.mkdtemp(prefix="lockservice-")
@@ -114,19 +119,19 @@ class Node:
         self.starts = 0
 
     def command(self) -> List[str]:
-        cmd = [
+        cmd = self.prefix + [
             sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
             "-n", "--pidfile=", "-l", self.logPath(), "lockservice",
         ]
         if self.peers:
             cmd += [
-                "--peers", ",".join(f"127.0.0.1:{p}" for p in self.peers),
+                "--peers", ",".join(self.peerAddresses),
                 "--node", self.address,
             ]
             if "--secret" not in self.args:
                 cmd += ["--secret", self.secretPath()]
         else:
-            cmd += ["--listen", f"tcp:{self.port}:interface=127.0.0.1"]
+            cmd += ["--listen", f"tcp:{self.port}:interface={self.host}"]
         return cmd + self.args
 
     def secretPath(self) -> str:
@@ -162,7 +167,7 @@ class Node:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n"
                                    + self.tail())
-            if ping(self.port, timeout=0.5):
+            if ping(self.port, timeout=0.5, host=self.host):
                 return
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} did not answer P within {timeout}s:\n" + self.tail())
@@ -254,13 +259,13 @@ class Cluster:
 PROBE = b"R __lockservice_probe__ 0"
 
 
-def probeRole(port: int, timeout: float = 2.0) -> Optional[str]:
+def probeRole(port: int, timeout: float = 2.0, host: str = "127.0.0.1") -> Optional[str]:
     """
     What a node says to a harmless request: C{"active"} (it serves),
     C{"M <addr>"} (a redirect), or None when it cannot be reached.
     """
     try:
-        with LineClient(port, timeout=timeout) as c:
+        with LineClient(port, host=host, timeout=timeout) as c:
             answer = c.ask(PROBE)
     except OSError:
         return None
@@ -286,7 +291,7 @@ def waitFor(predicate, timeout: float, interval: float = 0.05, what: str = "cond
 
 
 def activeNodes(nodes: Sequence[Node]) -> List[Node]:
-    return [n for n in nodes if n.alive() and probeRole(n.port) == "active"]
+    return [n for n in nodes if n.alive() and probeRole(n.port, host=n.host) == "active"]
 
 
 def firstGrant(nodes: Sequence[Node], started: float, key: bytes, timeout: float = 20.0) -> float:
