@@ -238,3 +238,20 @@ def test_run_kills_a_command_that_ignores_sigterm_after_the_grace(spawn, tmp_pat
         assert proc.wait(30) == 74
     finally:
         proc.kill()
+
+
+def test_cli_runs_under_the_asyncio_reactor(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    got = cli("--reactor", "asyncio", "run", "asyncio/run", "--lease", "1", "--addr",
+              node.address, "--", sys.executable, "-c",
+              "import os, time; time.sleep(2.5); print(os.environ['LOCKSERVICE_TOKEN'])")
+    assert got.returncode == 0, got.stderr
+    token = got.stdout.strip()
+    assert token.isdigit()
+    with LineClient(node.port) as c:
+        # Renewed past its 1 s lease while the command ran, released after.
+        assert c.ask(b"R asyncio/run " + token) == b"R asyncio/run STALE"
+    acquired = cli("--reactor", "asyncio", "acquire", "asyncio/k", "--addr", node.address)
+    assert acquired.returncode == 0, acquired.stderr
+    assert cli("--reactor", "asyncio", "release", "asyncio/k", acquired.stdout.decode().strip(),
+               "--addr", node.address).stdout == b"OK\n"
