@@ -89,3 +89,37 @@ class QuietClientService(ClientService):
     """
 
     _log = Logger(observer=cast(ILogObserver, lambda event: None))
+
+
+def watchSocketError(transport: Any, record: Any) -> bool:
+    """
+    Call C{record(errno)} with the socket's pending error (C{SO_ERROR}) just
+    before Twisted closes the socket under C{transport} (or under the TCP
+    transport below a TLS one).
+
+    Twisted's poll/epoll reactors report a socket that was reset (RST) with
+    no input pending as a clean close (C{ConnectionDone}), like a FIN; the
+    pending error tells the two apart (C{ECONNRESET} after a reset, 0 after
+    a FIN), and it is gone once the socket is closed.
+
+    @return: False when the transport is not a known TCP connection.
+    """
+    import socket
+
+    from twisted.internet.tcp import Connection
+
+    tcp = transport if isinstance(transport, Connection) else getattr(transport, "transport", None)
+    if not isinstance(tcp, Connection) or not hasattr(tcp, "socket"):
+        return False
+    original = tcp.connectionLost
+
+    def connectionLost(reason: Any) -> None:
+        try:
+            error = tcp.socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        except (AttributeError, OSError):
+            error = 0
+        record(error)
+        original(reason)
+
+    tcp.connectionLost = connectionLost  # type: ignore[method-assign]
+    return True

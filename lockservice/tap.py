@@ -80,6 +80,12 @@ class Options(usage.Options):
         ["heartbeat", None, 0.1, "Seconds between heartbeats to peers.", _seconds("heartbeat")],
         ["peer-timeout", None, 1.0,
          "Seconds of silence after which a peer counts as dead.", _seconds("peer-timeout")],
+        ["warn-hold", None, None,
+         "Log (once), count and flag on the status page every grant held longer than "
+         "this many seconds (off by default).", _seconds("warn-hold")],
+        ["admin-secret", None, None,
+         "File holding the bearer token for the HTTP force-release "
+         "(POST /locks/KEY/release); without it force-release is off."],
     ]
 
     def parseOptions(self, options: Optional[List[str]] = None) -> None:
@@ -125,6 +131,9 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--secret {self['secret']} is empty")
         else:
             self["secretBytes"] = b""
+        self["adminSecretBytes"] = None
+        if self["admin-secret"] is not None:
+            self["adminSecretBytes"] = _readSecret("--admin-secret", self["admin-secret"])
 
     def _resolveTLS(self) -> None:
         """
@@ -175,6 +184,20 @@ class Options(usage.Options):
         if len(matches) != 1:
             raise usage.UsageError("cannot tell which --peers entry is this node: give --node")
         self["self"] = matches[0]
+
+
+def _readSecret(option: str, path: str) -> bytes:
+    """
+    The secret in file C{path}, without surrounding whitespace.
+    """
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as e:
+        raise usage.UsageError(f"cannot read {option} {path}: {e.strerror}") from None
+    if not secret:
+        raise usage.UsageError(f"{option} {path} is empty")
+    return secret
 
 
 def _isLocalHost(host: str) -> bool:
@@ -279,6 +302,11 @@ def makeService(config: Options) -> IService:
     )
     locks.setServiceParent(root)
     tls: Optional[NodeTLS] = config["tls"]
+    from lockservice.server.monitor import Monitor
+
+    # Always on: long holds and deadlocks are logged even without --http.
+    monitor = Monitor(reactor, warnHold=config["warn-hold"])  # type: ignore[arg-type]
+    locks.activity.append(monitor)
     cluster = None
     if len(config["peerList"]) > 1:
         from lockservice.cluster.node import Cluster
@@ -306,5 +334,6 @@ def makeService(config: Options) -> IService:
     if config["http"]:
         from lockservice.server.http import makeHTTPService
 
-        makeHTTPService(reactor, config["http"], locks, cluster).setServiceParent(root)
+        makeHTTPService(reactor, config["http"], locks, cluster, monitor,
+                        config["adminSecretBytes"]).setServiceParent(root)
     return root

@@ -6,6 +6,7 @@ plus one real treq request against a running node.
 from __future__ import annotations
 
 import json
+from typing import Any, Optional, Tuple
 
 import pytest
 import pytest_twisted
@@ -13,6 +14,7 @@ import treq
 from treq.testing import StubTreq
 
 from lockservice.server.http import makeRoot
+from lockservice.server.monitor import Monitor
 from lockservice.testing.harness import LineClient, Node, freePort, waitFor
 from tests.test_protocol import Node as ProtocolNode
 
@@ -49,31 +51,222 @@ def test_status_json(node: ProtocolNode) -> None:
     assert data["highest_token"] == 1_700_000_000_000_000
     assert data["uptime_seconds"] == 5
     assert data["peers"] == []
+    assert data["active"] is None and data["node"] is None
+    assert data["deadlocks"] == [] and data["long_holds"] == 0
+    assert data["warn_hold_seconds"] is None
     assert "version" in data
 
 
+def withMonitor(node: ProtocolNode, **kw: Any) -> Tuple[StubTreq, Monitor]:
+    """
+    The resources with a monitor whose wall clock is 1.7e9 + the node's clock.
+    """
+    clock = node.clock
+    monitor = Monitor(clock, wallTime=lambda: 1_700_000_000.0 + clock.seconds())
+    node.service.activity.append(monitor)
+    return StubTreq(makeRoot(node.service, None, monitor, **kw)), monitor
+
+
 def test_locks_says_who_holds_what(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
-    a, b = node.connect(), node.connect()
+    stub, _ = withMonitor(node)
+    a, b, c = node.connect(), node.connect(), node.connect()
+    a.ask(b"I alice")
+    b.ask(b"I bob")
     a.ask(b"A orders/1 30 0")
     a.ask(b"A orders/2 10 0")
-    b.ask(b"A orders/1 30 0")
-    node.clock.advance(4)
+    node.clock.advance(1)
+    b.ask(b"A orders/1 20 0")
+    node.clock.advance(1)
+    c.ask(b"A orders/1 5 0")  # unnamed: shown by peer address
+    a.ask(b"N orders/1 1700000000000000 40")
+    node.clock.advance(2)
     response, body = fetch(stub, "/locks")
     data = json.loads(body)
-    assert data["count"] == 2 and data["truncated"] is False
+    assert (data["count"], data["offset"], data["truncated"]) == (2, 0, False)
     byKey = {entry["key"]: entry for entry in data["locks"]}
+    peer = c.proto.transport.getPeer()
     assert byKey["orders/1"] == {
-        "key": "orders/1", "token": 1_700_000_000_000_000, "age_seconds": 4,
-        "remaining_seconds": 26, "queue_length": 1,
+        "key": "orders/1", "token": 1_700_000_000_000_000, "holder": "alice",
+        "granted_at": 1_700_000_000.0, "age_seconds": 4, "remaining_seconds": 38,
+        "renewals": 1, "long_hold": False, "queue_length": 2,
+        "waiters": [
+            {"who": "bob", "lease_seconds": 20, "waited_seconds": 3},
+            {"who": f"{peer.host}:{peer.port}", "lease_seconds": 5, "waited_seconds": 2},
+        ],
+        "waiters_truncated": False,
     }
     assert byKey["orders/2"]["remaining_seconds"] == 6
+    assert byKey["orders/2"]["waiters"] == []
     _, one = fetch(stub, "/locks?key=orders/2")
     assert json.loads(one)["held"] is True and json.loads(one)["token"] == 1_700_000_000_000_001
+    _, path = fetch(stub, "/locks/orders/1?waiters=1")
+    assert json.loads(path)["waiters_truncated"] is True
+    assert [w["who"] for w in json.loads(path)["waiters"]] == ["bob"]
     _, none = fetch(stub, "/locks?key=free")
     assert json.loads(none) == {"key": "free", "held": False}
     _, limited = fetch(stub, "/locks?limit=1")
     assert json.loads(limited)["truncated"] is True and len(json.loads(limited)["locks"]) == 1
+    _, second = fetch(stub, "/locks?limit=1&offset=1")
+    assert [e["key"] for e in json.loads(second)["locks"]] == ["orders/2"]
+    assert json.loads(second)["truncated"] is False
+    bad, body = fetch(stub, "/locks?limit=x")
+    assert bad.code == 400 and "limit" in json.loads(body)["error"]
+
+
+def test_names_follow_a_rename_and_a_handover(node: ProtocolNode) -> None:
+    stub = StubTreq(makeRoot(node.service, None))
+    a, b = node.connect(), node.connect()
+    a.ask(b"A k 30 0")
+    b.ask(b"I first")
+    b.ask(b"A k 30 0")
+    b.ask(b"I second")
+    a.ask(b"R k 1700000000000000")
+    _, body = fetch(stub, "/locks?key=k")
+    assert json.loads(body)["holder"] == "second"
+
+
+def test_key_statistics(node: ProtocolNode) -> None:
+    stub = StubTreq(makeRoot(node.service, None))
+    a, b = node.connect(), node.connect()
+    for i in range(3):
+        a.ask(b"A hot 30 0")
+        b.ask(b"A hot 30 0")
+        node.clock.advance(2)
+        a.ask(b"R hot %d" % (1_700_000_000_000_000 + 2 * i))
+        node.clock.advance(1)
+        b.ask(b"R hot %d" % (1_700_000_000_000_001 + 2 * i))
+    a.ask(b"A cold 1 0")
+    b.ask(b"A cold 1 0.5")
+    node.clock.advance(2)
+    _, body = fetch(stub, "/locks/stats")
+    data = json.loads(body)
+    assert data["tracked"] == 2 and data["capacity"] == 1000
+    hot, cold = data["keys"]
+    assert hot["key"] == "hot" and hot["grants"] == 6 and hot["releases"] == 6
+    assert hot["hold_seconds"]["count"] == 6 and hot["hold_seconds"]["mean"] == 1.5
+    assert hot["wait_seconds"]["mean"] == 1.0  # three at once, three after 2 s
+    assert abs(hot["wait_seconds"]["p99"] - 2.0) < 0.15
+    assert (cold["grants"], cold["timeouts"], cold["expiries"]) == (1, 1, 1)
+    _, top = fetch(stub, "/locks/stats?limit=1")
+    assert [k["key"] for k in json.loads(top)["keys"]] == ["hot"]
+
+
+def test_events_contract(node: ProtocolNode) -> None:
+    stub = StubTreq(makeRoot(node.service, None))
+    a, b = node.connect(), node.connect()
+    a.ask(b"I alice")
+    a.ask(b"A k 30 0")
+    b.ask(b"A k 30 0.5")
+    node.clock.advance(1)  # b times out
+    a.ask(b"A other 30 0")
+    a.ask(b"N k 1700000000000000 30")
+    a.ask(b"R k 1700000000000000")
+    response, body = fetch(stub, "/events")
+    assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
+    data = json.loads(body)
+    assert set(data) == {"events", "next"}
+    events = data["events"]
+    assert [e["type"] for e in events] == ["grant", "timeout", "grant", "renewal", "release"]
+    assert [e["seq"] for e in events] == [1, 2, 3, 4, 5] and data["next"] == 5
+    for e in events:
+        assert set(e) == {"seq", "time", "type", "key", "token", "who", "detail"}
+        assert isinstance(e["time"], float) and e["time"] > 1_600_000_000
+    assert events[0]["key"] == "k" and events[0]["token"] == 1_700_000_000_000_000
+    assert events[0]["who"] == "alice"
+    _, later = fetch(stub, "/events?since=3")
+    assert [e["seq"] for e in json.loads(later)["events"]] == [4, 5]
+    _, keyed = fetch(stub, "/events?key=other&since=0")
+    assert [e["seq"] for e in json.loads(keyed)["events"]] == [3]
+    assert json.loads(keyed)["next"] == 5
+    _, none = fetch(stub, "/events?since=5")
+    assert json.loads(none) == {"events": [], "next": 5}
+    bad, _ = fetch(stub, "/events?since=-1")
+    assert bad.code == 400
+
+
+def test_deadlock_on_status(node: ProtocolNode) -> None:
+    stub = StubTreq(makeRoot(node.service, None))
+    x, y = node.connect(), node.connect()
+    x.ask(b"I x")
+    y.ask(b"I y")
+    x.ask(b"A k1 30 0")
+    y.ask(b"A k2 30 0")
+    x.ask(b"A k2 30 0")
+    y.ask(b"A k1 30 0")
+    _, body = fetch(stub, "/status")
+    [cycle] = json.loads(body)["deadlocks"]
+    assert cycle["length"] == 2 and cycle["clients"] == ["x", "y"]
+    assert cycle["keys"] == ["k2", "k1"]
+    _, metrics = fetch(stub, "/metrics")
+    assert "lockservice_deadlocks_total 1.0" in metrics.decode()
+    assert "lockservice_deadlocks_now 1.0" in metrics.decode()
+    y.close()  # y's wait is withdrawn: no deadlock any more
+    _, body = fetch(stub, "/status")
+    assert json.loads(body)["deadlocks"] == []
+
+
+SECRET = b"s3cret-admin-token"
+
+
+def post(stub: StubTreq, path: str, secret: Optional[bytes] = SECRET,
+         reason: Optional[str] = "stuck job"):  # type: ignore[no-untyped-def]
+    headers = {b"authorization": [b"Bearer " + secret]} if secret is not None else {}
+    responses: list = []  # type: ignore[type-arg]
+    data = {"reason": reason} if reason is not None else None
+    stub.post("http://node" + path, data=data, headers=headers).addCallback(
+        lambda r: r.content().addCallback(lambda body: responses.append((r, body)))
+    )
+    stub.flush()
+    assert responses, f"no response for {path}"
+    return responses[0][0].code, json.loads(responses[0][1])
+
+
+def test_force_release(node: ProtocolNode) -> None:
+    stub, monitor = withMonitor(node, adminSecret=SECRET)
+    holder, waiter = node.connect(), node.connect()
+    holder.ask(b"I stuck-worker")
+    old = holder.ask(b"A orders/42 300 0").split()[2]
+    waiter.ask(b"A orders/42 30 0")
+    assert post(stub, "/locks/orders/42/release", secret=None)[0] == 401
+    assert post(stub, "/locks/orders/42/release", secret=b"wrong")[0] == 401
+    assert post(stub, "/locks/orders/42/release", secret=SECRET + b"x")[0] == 401
+    assert post(stub, "/locks/free/release")[0] == 404
+    code, answer = post(stub, "/locks/orders/42/release")
+    assert code == 200
+    granted = waiter.take().split()
+    assert granted[:2] == [b"A", b"orders/42"]
+    assert answer == {"key": "orders/42", "released_token": int(old),
+                      "next_token": int(granted[2]), "reason": "stuck job"}
+    assert int(granted[2]) > int(old)
+    # The old holder is fenced: its release is stale, its renewal too.
+    assert holder.ask(b"R orders/42 " + old) == b"R orders/42 STALE\n"
+    assert holder.ask(b"N orders/42 " + old + b" 30") == b"N orders/42 STALE\n"
+    events = monitor.events.since(0)[0]
+    forced = [e for e in events if e.type == "force-release"]
+    assert len(forced) == 1 and forced[0].who == "stuck-worker"
+    assert forced[0].detail is not None and "stuck job" in forced[0].detail
+    assert forced[0].detail.startswith("by admin@")
+    # A key with no waiter: next_token is null.
+    code, answer = post(stub, "/locks/orders%2F42/release", reason=None)
+    assert code == 200 and answer["next_token"] is None
+    assert answer["reason"] == "no reason given"
+    assert node.service.table.holder(b"orders/42") is None
+
+
+def test_force_release_refused_without_admin_secret(node: ProtocolNode) -> None:
+    stub = StubTreq(makeRoot(node.service, None))
+    node.connect().ask(b"A k 30 0")
+    code, answer = post(stub, "/locks/k/release")
+    assert code == 403 and "admin-secret" in answer["error"]
+    assert node.service.table.holder(b"k") is not None
+
+
+def test_force_release_on_a_standby(node: ProtocolNode) -> None:
+    stub = StubTreq(makeRoot(node.service, None, adminSecret=SECRET))
+    node.connect().ask(b"A k 30 0")
+    node.service.setRole("standby", b"h:1")
+    code, answer = post(stub, "/locks/k/release")
+    assert code == 409 and answer["active"] == "h:1"
 
 
 def test_metrics_exposition(node: ProtocolNode) -> None:
@@ -98,6 +291,14 @@ def test_metrics_exposition(node: ProtocolNode) -> None:
         "lockservice_timeouts_total 1.0",
         "lockservice_errors_total 1.0",
         "lockservice_held_keys 0.0",
+        "lockservice_highest_token 1700000000000001\n",
+        'lockservice_key_grants_total{key="k"} 1.0',
+        'lockservice_key_timeouts_total{key="k"} 1.0',
+        'lockservice_key_expiries_total{key="x"} 1.0',
+        'lockservice_key_hold_seconds_count{key="x"} 1.0',
+        'lockservice_key_hold_seconds{key="x",quantile="0.99"} 2.0',
+        "lockservice_long_holds_total 0.0",
+        "lockservice_force_releases_total 0.0",
         "lockservice_waiters 0.0",
         "lockservice_open_connections 2.0",
         'lockservice_role{role="active"} 1.0',
@@ -118,15 +319,37 @@ def test_redirects_counted(node: ProtocolNode) -> None:
     assert 'lockservice_role{role="standby"} 1.0' in body.decode()
 
 
-def test_human_page_refreshes_itself(node: ProtocolNode) -> None:
+def test_dashboard_page_has_no_external_assets(node: ProtocolNode) -> None:
     stub = StubTreq(makeRoot(node.service, None))
-    node.connect().ask(b"A shown/key 30 0")
     response, body = fetch(stub, "/")
-    assert b'http-equiv="refresh"' in body
-    assert b"shown/key" in body
     assert response.headers.getRawHeaders(b"content-type")[0].startswith(b"text/html")
+    assert b"<title>lockservice</title>" in body
+    assert b"dashboard.json" in body
+    # Everything inline: no script, style or image from elsewhere.
+    for external in (b"<script src", b"<link", b"<img", b"@import", b"url("):
+        assert external not in body
+    assert body.count(b"http") == body.count(b"http://www.w3.org/2000/svg")
     missing, _ = fetch(stub, "/nothing-here")
     assert missing.code == 404
+
+
+def test_dashboard_data(node: ProtocolNode) -> None:
+    stub = StubTreq(makeRoot(node.service, None))
+    a, b = node.connect(), node.connect()
+    a.ask(b"I alice")
+    b.ask(b"I bob")
+    a.ask(b"A k 30 0")
+    b.ask(b"A k 30 0")
+    node.clock.advance(2.5)
+    _, body = fetch(stub, "/dashboard.json?seconds=5")
+    data = json.loads(body)
+    assert data["status"]["held_keys"] == 1
+    [lock] = data["locks"]["locks"]
+    assert lock["holder"] == "alice" and lock["waiters"][0]["who"] == "bob"
+    assert [s["ago"] for s in data["series"]] == [5, 4, 3, 2, 1]
+    assert data["series"][3]["grants"] == 1 and data["series"][3]["waits"] == 1  # 2 s ago
+    assert data["events"][0]["type"] == "grant"
+    assert data["stats"][0]["key"] == "k"
 
 
 @pytest_twisted.ensureDeferred

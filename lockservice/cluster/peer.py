@@ -39,6 +39,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from lockservice.internals import watchSocketError
 from lockservice.tcp import noDelay
 
 PROTOCOL_VERSION = b"2"
@@ -115,6 +116,8 @@ class PeerChannel:
         self.synced = False
         self.snapshot: Optional[Any] = None
         self.closing = False
+        self.socketError = 0
+        watchSocketError(transport, self._socketError)
         self.lastReceived = cluster.clock.seconds()
         self._buffer = b""
         self._step = "challenge" if outbound else "hello"
@@ -237,12 +240,18 @@ class PeerChannel:
             else:
                 self.cluster.peerMessage(self, fields)
 
+    def _socketError(self, errno: int) -> None:
+        self.socketError = errno
+
     def connectionLost(self, reason: Failure) -> None:
         self._cancelTimeout()
         if self.authenticated:
-            # A FIN (ConnectionDone) is how the kernel closes the sockets of
-            # an exited process; a reset or an error is network trouble.
-            self.cluster.channelLost(self, clean=reason.check(ConnectionDone) is not None)
+            # A FIN is how the kernel closes the sockets of an exited
+            # process; a reset (which Twisted may also report as
+            # ConnectionDone, hence the socket's own error) or any other
+            # error is network trouble.
+            clean = reason.check(ConnectionDone) is not None and self.socketError == 0
+            self.cluster.channelLost(self, clean=clean)
 
 
 class PeerClientProtocol(Protocol):

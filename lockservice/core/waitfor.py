@@ -90,6 +90,7 @@ class WaitForGraph:
         self.maxSearch = maxSearch
         self._holder: Dict[bytes, str] = {}
         self._waits: Dict[str, Dict[bytes, int]] = {}
+        self._waitedFor: Dict[bytes, int] = {}  # waits per key, all clients
         self.cycles: Dict[Tuple[Step, ...], Cycle] = {}
         self._byStep: Dict[Step, Set[Tuple[Step, ...]]] = {}
         self._byKey: Dict[bytes, Set[Tuple[Step, ...]]] = {}
@@ -110,6 +111,8 @@ class WaitForGraph:
         if who is None:
             return []
         self._holder[key] = who
+        if not self._waitedFor.get(key) or who not in self._waits:
+            return []  # nobody waits for key, or who waits for nothing: no cycle
         path = self._search(who, lambda w: key in self._waits.get(w, ()))
         if path is None:
             return []
@@ -131,6 +134,7 @@ class WaitForGraph:
         """
         keys = self._waits.setdefault(who, {})
         keys[key] = keys.get(key, 0) + 1
+        self._waitedFor[key] = self._waitedFor.get(key, 0) + 1
         holder = self._holder.get(key)
         if keys[key] > 1 or holder is None or holder == who:
             return []
@@ -147,6 +151,10 @@ class WaitForGraph:
         if keys is None or key not in keys:
             return
         keys[key] -= 1
+        if self._waitedFor[key] == 1:
+            del self._waitedFor[key]
+        else:
+            self._waitedFor[key] -= 1
         if keys[key] > 0:
             return
         del keys[key]
@@ -161,6 +169,7 @@ class WaitForGraph:
         """
         self._holder.clear()
         self._waits.clear()
+        self._waitedFor.clear()
         self.cycles.clear()
         self._byStep.clear()
         self._byKey.clear()

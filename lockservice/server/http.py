@@ -1,14 +1,20 @@
 # -*- test-case-name: tests.test_http -*-
 """
-The HTTP status endpoint (twisted.web): C{/status}, C{/locks},
-C{/metrics} and a small self-refreshing page at C{/}.
+The HTTP endpoint (twisted.web): C{/status}, C{/locks} (holders and
+queues), C{/locks/stats}, C{/events}, C{/metrics}, the admin's
+C{POST /locks/<key>/release}, and the live dashboard at C{/} (a static
+page shipped with the package, fed by C{/dashboard.json}).
 """
 
 from __future__ import annotations
 
-import html
+import hmac
 import json
-from typing import Any, Dict, List, Optional
+import time
+from importlib import resources
+from itertools import islice
+from typing import Any, Dict, List, Optional, Tuple
+from urllib.parse import unquote_to_bytes
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
@@ -17,15 +23,28 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 
 import lockservice
+from lockservice.core import wire
+from lockservice.core.table import Holder
 from lockservice.internals import raiseBindErrorsAtStart
 from lockservice.server.clusterview import ClusterView
 from lockservice.server.metrics import CONTENT_TYPE, Metrics
+from lockservice.server.monitor import Monitor
 from lockservice.server.service import LockService
 
 LOCKS_LIMIT = 1000
+WAITERS_LIMIT = 100
+STATS_LIMIT = 100
+EVENTS_LIMIT = 1000
 
 
-def status(locks: LockService, cluster: Optional[ClusterView]) -> Dict[str, Any]:
+class BadQuery(Exception):
+    """
+    A query parameter that cannot be read (answered 400).
+    """
+
+
+def status(locks: LockService, cluster: Optional[ClusterView],
+           monitor: Optional[Monitor] = None) -> Dict[str, Any]:
     """
     This node and what it knows of the cluster, as plain data.
     """
@@ -50,7 +69,7 @@ def status(locks: LockService, cluster: Optional[ClusterView]) -> Dict[str, Any]
                 "secret_mismatch": view.secretMismatch,
                 "last_heard_seconds_ago": round(now - heard, 3) if heard is not None else None,
             })
-    return {
+    data: Dict[str, Any] = {
         "node": node,
         "role": locks.role,
         "term": term,
@@ -63,72 +82,265 @@ def status(locks: LockService, cluster: Optional[ClusterView]) -> Dict[str, Any]
         "uptime_seconds": round(locks.uptime(), 3),
         "version": lockservice.__version__,
     }
+    if monitor is not None:
+        data["warn_hold_seconds"] = monitor.warnHold
+        data["long_holds"] = monitor.currentLongHolds()
+        data["deadlocks"] = monitor.deadlocks()
+    return data
 
 
-def heldLocks(locks: LockService, key: Optional[bytes] = None,
-              limit: int = LOCKS_LIMIT) -> Dict[str, Any]:
+def _wallAt(locks: LockService, monitor: Optional[Monitor], when: float) -> float:
     """
-    Who holds what: token, age, remaining lease, queue length per key.
+    The Unix time of the service's (monotonic) time C{when}.
+    """
+    wall = monitor.wallTime() if monitor is not None else time.time()
+    return wall - (locks.clock.seconds() - when)
+
+
+def describeLock(locks: LockService, monitor: Optional[Monitor], key: bytes,
+                 holder: Holder, waiters: int = WAITERS_LIMIT) -> Dict[str, Any]:
+    """
+    One held key: its holder and the first C{waiters} of its queue.
     """
     now = locks.clock.seconds()
+    queue = []
+    for waiter in islice(holder.waiters(), waiters):
+        queue.append({
+            "who": waiter.holderName(),
+            "lease_seconds": waiter.lease,
+            "waited_seconds": round(now - waiter.queuedAt, 3),
+        })
+    return {
+        "key": key.decode("utf-8", "replace"),
+        "token": holder.token,
+        "holder": holder.owner,
+        "granted_at": round(_wallAt(locks, monitor, holder.grantedAt), 3),
+        "age_seconds": round(now - holder.grantedAt, 3),
+        "remaining_seconds": round(max(0.0, holder.expiresAt - now), 3),
+        "renewals": holder.renewals,
+        "long_hold": monitor is not None and monitor.isLongHold(key, holder.token),
+        "queue_length": holder.waiting,
+        "waiters": queue,
+        "waiters_truncated": holder.waiting > len(queue),
+    }
+
+
+def heldLocks(locks: LockService, key: Optional[bytes] = None, limit: int = LOCKS_LIMIT,
+              offset: int = 0, monitor: Optional[Monitor] = None,
+              waiters: int = WAITERS_LIMIT) -> Dict[str, Any]:
+    """
+    Who holds what and who waits, for one key or a page of held keys.
+    """
     table = locks.table
-
-    def describe(k: bytes, holder: Any) -> Dict[str, Any]:
-        return {
-            "key": k.decode("utf-8"),
-            "token": holder.token,
-            "age_seconds": round(now - holder.grantedAt, 3),
-            "remaining_seconds": round(max(0.0, holder.expiresAt - now), 3),
-            "queue_length": table.queueLength(k),
-        }
-
     if key is not None:
         holder = table.holder(key)
         if holder is None:
             return {"key": key.decode("utf-8", "replace"), "held": False}
-        return dict(describe(key, holder), held=True)
-    listed: List[Dict[str, Any]] = []
-    for k, holder in table.holders():
-        if len(listed) >= limit:
-            break
-        listed.append(describe(k, holder))
-    return {"count": len(table), "truncated": len(table) > len(listed), "locks": listed}
+        return dict(describeLock(locks, monitor, key, holder, waiters), held=True)
+    listed = [describeLock(locks, monitor, k, h, waiters)
+              for k, h in islice(table.holders(), offset, offset + limit)]
+    return {
+        "count": len(table),
+        "offset": offset,
+        "limit": limit,
+        "truncated": offset + len(listed) < len(table),
+        "locks": listed,
+    }
 
 
-def _json(request: Request, data: Any) -> bytes:
+def keyStats(monitor: Monitor, limit: int = STATS_LIMIT) -> Dict[str, Any]:
+    """
+    The busiest keys' statistics, most active first.
+    """
+    return {
+        "tracked": len(monitor.keys),
+        "capacity": monitor.keys.capacity,
+        "keys": [dict(key=k.decode("utf-8", "replace"), **record.asDict())
+                 for k, record in monitor.keys.top(limit)],
+    }
+
+
+def recentEvents(monitor: Monitor, since: int = 0, key: Optional[bytes] = None,
+                 limit: int = EVENTS_LIMIT) -> Dict[str, Any]:
+    found, nxt = monitor.events.since(since, key, limit)
+    return {"events": [event.asDict() for event in found], "next": nxt}
+
+
+def dashboard(locks: LockService, cluster: Optional[ClusterView], monitor: Monitor,
+              seconds: int = 300) -> Dict[str, Any]:
+    """
+    Everything the dashboard page shows, in one answer.
+    """
+    now = locks.clock.seconds()
+    found, _ = monitor.events.since(max(0, monitor.events.last - 50))
+    return {
+        "status": status(locks, cluster, monitor),
+        "locks": heldLocks(locks, limit=50, monitor=monitor, waiters=20),
+        "series": monitor.series.last(now, seconds),
+        "events": [event.asDict() for event in reversed(found)],
+        "stats": keyStats(monitor, 10)["keys"],
+    }
+
+
+# -- resources ---------------------------------------------------------------
+
+
+def _json(request: Request, data: Any, code: int = 200) -> bytes:
+    request.setResponseCode(code)
     request.setHeader(b"content-type", b"application/json")
     request.setHeader(b"cache-control", b"no-store")
     return json.dumps(data, indent=2).encode() + b"\n"
 
 
+def _arg(request: Request, name: bytes) -> Optional[bytes]:
+    values = (request.args or {}).get(name)
+    return values[0] if values else None
+
+
+def _int(request: Request, name: bytes, default: int, low: int = 0,
+         high: int = 10**9) -> int:
+    raw = _arg(request, name)
+    if raw is None or raw == b"":
+        return default
+    if not raw.isdigit():
+        raise BadQuery(f"{name.decode()} must be a whole number")
+    value = int(raw)
+    if not low <= value <= high:
+        raise BadQuery(f"{name.decode()} must be between {low} and {high}")
+    return value
+
+
+def _key(raw: Optional[bytes]) -> Optional[bytes]:
+    if raw is None:
+        return None
+    if not wire.isValidKey(raw):
+        raise BadQuery("bad key: 1-250 bytes of UTF-8, no spaces or control characters")
+    return raw
+
+
 class _NodeResource(Resource):
     """
-    A leaf resource that reads this node's lock service and cluster.
+    A leaf resource that reads this node's lock service, cluster and monitor.
     """
 
     isLeaf = True
 
-    def __init__(self, locks: LockService, cluster: Optional[ClusterView]) -> None:
+    def __init__(self, locks: LockService, cluster: Optional[ClusterView],
+                 monitor: Optional[Monitor] = None) -> None:
         super().__init__()
         self.locks = locks
         self.cluster = cluster
+        self.monitor = monitor
+
+    def render(self, request: Request) -> bytes:
+        try:
+            return super().render(request)  # type: ignore[no-any-return]
+        except BadQuery as e:
+            return _json(request, {"error": str(e)}, 400)
 
 
 class StatusResource(_NodeResource):
     def render_GET(self, request: Request) -> bytes:
-        return _json(request, status(self.locks, self.cluster))
+        return _json(request, status(self.locks, self.cluster, self.monitor))
 
 
 class LocksResource(_NodeResource):
+    """
+    C{GET /locks}, C{GET /locks?key=K}, C{GET /locks/K}, C{GET /locks/stats},
+    and the admin's C{POST /locks/K/release}.  Keys may hold slashes
+    (C{/locks/orders/42/release}) or percent-escapes.
+    """
+
+    def __init__(self, locks: LockService, cluster: Optional[ClusterView],
+                 monitor: Optional[Monitor] = None,
+                 adminSecret: Optional[bytes] = None) -> None:
+        super().__init__(locks, cluster, monitor)
+        self.adminSecret = adminSecret
+
+    def _path(self, request: Request) -> List[bytes]:
+        return [unquote_to_bytes(p) for p in (request.postpath or []) if p]
+
     def render_GET(self, request: Request) -> bytes:
-        args = request.args or {}
-        key = args.get(b"key", [None])[0]
-        try:
-            limit = int(args.get(b"limit", [LOCKS_LIMIT])[0])
-        except ValueError:
-            request.setResponseCode(400)
-            return _json(request, {"error": "limit must be an integer"})
-        return _json(request, heldLocks(self.locks, key, limit))
+        path = self._path(request)
+        waiters = _int(request, b"waiters", WAITERS_LIMIT, 0, 100000)
+        if path == [b"stats"]:
+            if self.monitor is None:
+                return _json(request, {"error": "no statistics on this node"}, 404)
+            return _json(request, keyStats(self.monitor,
+                                           _int(request, b"limit", STATS_LIMIT, 0)))
+        if path:
+            return _json(request, heldLocks(self.locks, _key(b"/".join(path)),
+                                            monitor=self.monitor, waiters=waiters))
+        return _json(request, heldLocks(
+            self.locks, _key(_arg(request, b"key")),
+            limit=_int(request, b"limit", LOCKS_LIMIT, 0),
+            offset=_int(request, b"offset", 0, 0),
+            monitor=self.monitor, waiters=waiters,
+        ))
+
+    def render_POST(self, request: Request) -> bytes:
+        path = self._path(request)
+        if len(path) < 2 or path[-1] != b"release":
+            return _json(request, {"error": "POST /locks/<key>/release"}, 404)
+        if self.adminSecret is None or self.monitor is None:
+            return _json(request, {"error": "force-release is off: no --admin-secret"}, 403)
+        if not self._authorized(request):
+            request.setHeader(b"www-authenticate", b'Bearer realm="lockservice"')
+            return _json(request, {"error": "wrong or missing admin secret"}, 401)
+        key = _key(b"/".join(path[:-1]))
+        assert key is not None
+        reason = (_arg(request, b"reason") or b"").decode("utf-8", "replace").strip()
+        reason = reason or "no reason given"
+        if self.locks.role != "active":
+            active = self.locks.activeAddress
+            return _json(request, {
+                "error": "this node is not active",
+                "active": active.decode() if active is not None else None,
+            }, 409)
+        holder = self.locks.table.holder(key)
+        if holder is None:
+            return _json(request, {"error": "key not held",
+                                   "key": key.decode("utf-8", "replace")}, 404)
+        token = holder.token
+        peer = request.getClientAddress()
+        who = f"admin@{getattr(peer, 'host', peer)}"
+        if not self.monitor.forceRelease(self.locks, key, token, reason, who):
+            return _json(request, {"error": "key not held",
+                                   "key": key.decode("utf-8", "replace")}, 404)
+        after = self.locks.table.holder(key)
+        return _json(request, {
+            "key": key.decode("utf-8", "replace"),
+            "released_token": token,
+            "next_token": after.token if after is not None else None,
+            "reason": reason,
+        })
+
+    def _authorized(self, request: Request) -> bool:
+        assert self.adminSecret is not None
+        header = request.getHeader(b"authorization") or b""
+        scheme, _, given = header.partition(b" ")
+        if scheme.lower() != b"bearer":
+            given = b""
+        # Constant time whatever the given secret: no timing oracle.
+        return hmac.compare_digest(given.strip(), self.adminSecret)
+
+
+class EventsResource(_NodeResource):
+    def render_GET(self, request: Request) -> bytes:
+        assert self.monitor is not None
+        return _json(request, recentEvents(
+            self.monitor,
+            since=_int(request, b"since", 0, 0, 2**63),
+            key=_key(_arg(request, b"key")),
+            limit=_int(request, b"limit", EVENTS_LIMIT, 1, 100000),
+        ))
+
+
+class DashboardDataResource(_NodeResource):
+    def render_GET(self, request: Request) -> bytes:
+        assert self.monitor is not None
+        return _json(request, dashboard(self.locks, self.cluster, self.monitor,
+                                        _int(request, b"seconds", 300, 1, 3600)))
 
 
 class MetricsResource(Resource):
@@ -143,46 +355,29 @@ class MetricsResource(Resource):
         return self.metrics.render()
 
 
-class PageResource(_NodeResource):
+def _page() -> bytes:
+    return resources.files("lockservice.server").joinpath("dashboard.html").read_bytes()
+
+
+class PageResource(Resource):
     """
-    A human-readable page of the same status; refreshes every 2 seconds.
+    The dashboard: one static page (no external assets) that polls
+    C{/dashboard.json}.
     """
 
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.page = _page()
+
     def render_GET(self, request: Request) -> bytes:
-        s = status(self.locks, self.cluster)
-        e = html.escape
-        rows = "".join(
-            f"<tr><td>{e(p['address'])}</td><td>{p['priority']}</td><td>{e(p['role'])}</td>"
-            f"<td>{'yes' if p['alive'] else 'no'}</td><td>{p['term']}</td>"
-            f"<td>{p['last_heard_seconds_ago']}</td></tr>"
-            for p in s["peers"]
-        )
-        held = heldLocks(self.locks, limit=50)["locks"]
-        lockRows = "".join(
-            f"<tr><td>{e(h['key'])}</td><td>{h['token']}</td><td>{h['age_seconds']}</td>"
-            f"<td>{h['remaining_seconds']}</td><td>{h['queue_length']}</td></tr>"
-            for h in held
-        )
-        page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2">
-<title>lockservice {e(str(s['node'] or ''))}</title>
-<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:2px 10px;text-align:left}}</style>
-</head><body>
-<h1>lockservice {e(str(s['node'] or 'single node'))}</h1>
-<p>role <b>{e(s['role'])}</b> &middot; term {s['term']} &middot; active {e(str(s['active']))}
-&middot; held keys {s['held_keys']} &middot; waiters {s['waiters']}
-&middot; connections {s['connections']} &middot; highest token {s['highest_token']}
-&middot; up {s['uptime_seconds']:.0f} s &middot; version {e(s['version'])}</p>
-<h2>Peers</h2><table><tr><th>address</th><th>priority</th><th>role</th><th>alive</th>
-<th>term</th><th>last heard (s ago)</th></tr>{rows}</table>
-<h2>Held locks (first 50)</h2><table><tr><th>key</th><th>token</th><th>age (s)</th>
-<th>remaining (s)</th><th>queue</th></tr>{lockRows}</table>
-<p><a href="/status">/status</a> &middot; <a href="/locks">/locks</a> &middot;
-<a href="/metrics">/metrics</a></p>
-</body></html>
-"""
+        if request.postpath and any(request.postpath):
+            request.setResponseCode(404)
+            return b"not found\n"
         request.setHeader(b"content-type", b"text/html; charset=utf-8")
-        return page.encode()
+        request.setHeader(b"cache-control", b"no-store")
+        return self.page
 
 
 class _Root(Resource):
@@ -190,21 +385,36 @@ class _Root(Resource):
         return notFound()
 
 
-def makeRoot(locks: LockService, cluster: Optional[ClusterView]) -> Resource:
-    metrics = Metrics(locks, cluster)
-    wrapper = _Root()
-    wrapper.putChild(b"", PageResource(locks, cluster))
-    wrapper.putChild(b"status", StatusResource(locks, cluster))
-    wrapper.putChild(b"locks", LocksResource(locks, cluster))
-    wrapper.putChild(b"metrics", MetricsResource(metrics))
-    return wrapper
+def makeRoot(locks: LockService, cluster: Optional[ClusterView],
+             monitor: Optional[Monitor] = None,
+             adminSecret: Optional[bytes] = None) -> Resource:
+    """
+    The resource tree; a L{Monitor} is made (and attached to C{locks})
+    when none is given.
+    """
+    if monitor is None:
+        monitor = Monitor(locks.clock)
+        locks.activity.append(monitor)
+    metrics = Metrics(locks, cluster, monitor)
+    root = _Root()
+    root.putChild(b"", PageResource())
+    root.putChild(b"dashboard.json", DashboardDataResource(locks, cluster, monitor))
+    root.putChild(b"status", StatusResource(locks, cluster, monitor))
+    root.putChild(b"locks", LocksResource(locks, cluster, monitor, adminSecret))
+    root.putChild(b"events", EventsResource(locks, cluster, monitor))
+    root.putChild(b"metrics", MetricsResource(metrics))
+    return root
 
 
 def makeHTTPService(reactor: Any, description: str, locks: LockService,
-                    cluster: Optional[ClusterView]) -> StreamServerEndpointService:
-    site = Site(makeRoot(locks, cluster))
+                    cluster: Optional[ClusterView], monitor: Optional[Monitor] = None,
+                    adminSecret: Optional[bytes] = None) -> StreamServerEndpointService:
+    site = Site(makeRoot(locks, cluster, monitor, adminSecret))
     site.noisy = False
     site.log = lambda request: None  # type: ignore[method-assign, assignment]
     service = StreamServerEndpointService(serverFromString(reactor, description), site)
     raiseBindErrorsAtStart(service)
     return service
+
+
+__all__: Tuple[str, ...] = ("makeRoot", "makeHTTPService", "status", "heldLocks")

@@ -16,10 +16,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from lockservice.core.election import ROLES
+from lockservice.core.sketch import Sketch
 from lockservice.server.clusterview import ClusterView
+from lockservice.server.monitor import Monitor
 from lockservice.server.service import LockService
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Per-key series only for this many of the busiest keys: a bounded number
+# of label values whatever the number of keys.
+TOP_KEYS = 20
 
 _BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 3600)
 
@@ -66,7 +72,6 @@ class _StatsCollector(Collector):
             ("waiters", "Acquire requests queued right now", table.waiterCount),
             ("open_connections", "Client connections open right now",
              len(self.locks.connections)),
-            ("highest_token", "Highest fencing token issued or learned", table.tokens.last),
         ]:
             gauge = GaugeMetricFamily(f"lockservice_{name}", doc)
             gauge.add_metric([], value)
@@ -87,15 +92,85 @@ class _StatsCollector(Collector):
             yield promotions
 
 
+class _MonitorCollector(Collector):
+    """
+    Long holds, deadlocks, force-releases, and the busiest keys' statistics.
+    """
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        monitor = self.monitor
+        for name, doc, value in [
+            ("long_holds", "Grants held longer than --warn-hold (each counted once)",
+             monitor.longHolds),
+            ("deadlocks", "Wait-for cycles detected (each counted once)",
+             monitor.graph.detected),
+            ("force_releases", "Grants released by an admin (POST /locks/KEY/release)",
+             monitor.forceReleases),
+        ]:
+            family = CounterMetricFamily(f"lockservice_{name}", doc)
+            family.add_metric([], value)
+            yield family
+        for name, doc, value in [
+            ("long_holds_now", "Grants held longer than --warn-hold right now",
+             monitor.currentLongHolds()),
+            ("deadlocks_now", "Wait-for cycles present right now", len(monitor.graph.cycles)),
+        ]:
+            gauge = GaugeMetricFamily(f"lockservice_{name}", doc)
+            gauge.add_metric([], value)
+            yield gauge
+        top = monitor.keys.top(TOP_KEYS)
+        counters = {
+            "grants": CounterMetricFamily("lockservice_key_grants",
+                                          f"Grants of each of the {TOP_KEYS} busiest keys",
+                                          labels=["key"]),
+            "timeouts": CounterMetricFamily("lockservice_key_timeouts",
+                                            "Acquires of a busy key answered T",
+                                            labels=["key"]),
+            "expiries": CounterMetricFamily("lockservice_key_expiries",
+                                            "Leases of a busy key that ran out",
+                                            labels=["key"]),
+        }
+        hold = Metric("lockservice_key_hold_seconds",
+                      "Hold time of a busy key's grants (streaming sketch)", "summary")
+        wait = Metric("lockservice_key_wait_seconds",
+                      "Wait of a busy key's acquires, granted or timed out", "summary")
+        for key, record in top:
+            label = key.decode("utf-8", "replace")
+            counters["grants"].add_metric([label], record.grants)
+            counters["timeouts"].add_metric([label], record.timeouts)
+            counters["expiries"].add_metric([label], record.expiries)
+            _summary(hold, label, record.hold)
+            _summary(wait, label, record.wait)
+        yield from counters.values()
+        yield hold
+        yield wait
+
+
+def _summary(family: Metric, key: str, sketch: Sketch) -> None:
+    for q in (0.5, 0.99):
+        value = sketch.quantile(q)
+        if value is not None:
+            family.add_sample(family.name, {"key": key, "quantile": str(q)}, value)
+    family.add_sample(family.name + "_count", {"key": key}, sketch.count)
+    family.add_sample(family.name + "_sum", {"key": key}, sketch.total)
+
+
 class Metrics:
     """
     A registry of this node's metrics; also a LockService observer feeding
     the histograms.
     """
 
-    def __init__(self, locks: LockService, cluster: Optional[ClusterView] = None) -> None:
+    def __init__(self, locks: LockService, cluster: Optional[ClusterView] = None,
+                 monitor: Optional[Monitor] = None) -> None:
+        self.locks = locks
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_StatsCollector(locks, cluster))
+        if monitor is not None:
+            self.registry.register(_MonitorCollector(monitor))
         self.acquireWait = Histogram(
             "lockservice_acquire_wait_seconds",
             "Time from acquire to grant (0 for a free key)",
@@ -118,4 +193,12 @@ class Metrics:
         self.holdTime.observe(heldFor)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        # The highest token is written by hand: prometheus_client renders
+        # every value as a float (1.795999280385865e+15), and a u64 token
+        # needs all its digits.
+        token = self.locks.table.tokens.last
+        return generate_latest(self.registry) + (
+            "# HELP lockservice_highest_token Highest fencing token issued or learned\n"
+            "# TYPE lockservice_highest_token gauge\n"
+            f"lockservice_highest_token {token}\n"
+        ).encode()

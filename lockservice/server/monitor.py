@@ -15,13 +15,14 @@ that release like any other.
 from __future__ import annotations
 
 import time
-from heapq import heappop, heappush
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from lockservice.core import events as ev
+from lockservice.core.election import ACTIVE
 from lockservice.core.events import EventRing
 from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats
@@ -69,6 +70,8 @@ class ActivityObserver(Protocol):
     def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
                 expiresAt: float) -> None: ...
 
+    def roleChanged(self, role: str) -> None: ...
+
 
 class Releaser(Protocol):
     """
@@ -112,7 +115,7 @@ class Monitor:
         self.forceReleases = 0
         self._held: Dict[bytes, _Held] = {}
         self._forcing: Optional[Tuple[bytes, int, str]] = None
-        self._due: List[Tuple[float, bytes, int]] = []
+        self._due: Deque[Tuple[float, bytes, int]] = deque()
         self._alarm: Optional[IDelayedCall] = None
 
     # -- the activity observer -------------------------------------------------
@@ -175,6 +178,14 @@ class Monitor:
                 expiresAt: float) -> None:
         self._event(ev.RENEWAL, key, token, owner, f"lease {expiresAt - now:.3f} s")
 
+    def roleChanged(self, role: str) -> None:
+        if role != ACTIVE:
+            # Only the active node's grants and queues are watched; what a
+            # standby mirrors comes and goes by replication, unseen here.
+            self._held.clear()
+            self._due.clear()
+            self.graph.clear()
+
     # -- the cluster's event sink ----------------------------------------------
 
     def clusterEvent(self, type: str, who: Optional[str] = None,
@@ -207,12 +218,18 @@ class Monitor:
 
     # -- long holds ------------------------------------------------------------
 
+    # Every grant is watched for the same warnHold, so deadlines come in
+    # grant order: a FIFO (not a heap) and one timer for its head.
+
     def _watch(self, at: float, key: bytes, token: int) -> None:
-        heappush(self._due, (at, key, token))
-        if self._alarm is None or not self._alarm.active():
-            self._arm()
-        elif at < self._alarm.getTime():
-            self._alarm.cancel()
+        self._due.append((at, key, token))
+        if len(self._due) > 2 * len(self._held) + 4096:
+            # Released grants leave their entries behind; drop them so
+            # memory follows the held keys, not the grant rate.
+            self._due = deque(entry for entry in self._due
+                              if (held := self._held.get(entry[1])) is not None
+                              and held.token == entry[2])
+        if self._alarm is None:
             self._arm()
 
     def _arm(self) -> None:
@@ -223,8 +240,9 @@ class Monitor:
     def _check(self) -> None:
         self._alarm = None
         now = self.clock.seconds()
-        while self._due and self._due[0][0] <= now:
-            _, key, token = heappop(self._due)
+        due = self._due
+        while due and due[0][0] <= now:
+            _, key, token = due.popleft()
             held = self._held.get(key)
             if held is None or held.token != token or held.long:
                 continue  # released (or handed over) in time
@@ -251,7 +269,7 @@ class Monitor:
         if self._alarm is not None and self._alarm.active():
             self._alarm.cancel()
         self._alarm = None
-        self._due = []
+        self._due.clear()
 
     # -- force-release ---------------------------------------------------------
 

@@ -29,6 +29,7 @@ from lockservice.core.table import (
     TokenIssuer,
     Waiter,
 )
+from lockservice.server.monitor import REDIRECT, TIMEOUT, WITHDRAWAL, ActivityObserver
 
 
 class AnswerSink(Protocol):
@@ -191,6 +192,9 @@ class LockService(Service):
         self.table = LockTable(TokenIssuer(wallMicros))
         self.stats = Stats()
         self.observers: List[ChangeObserver] = []
+        # Told who queues, waits, holds and lets go (the operator's view:
+        # events, per-key statistics, long holds, deadlocks).
+        self.activity: List[ActivityObserver] = []
         # Called before any answer is written to a client (the cluster
         # writes its replication stream to the standbys there).
         self.beforeAnswerHooks: List[Callable[[], None]] = []
@@ -229,6 +233,8 @@ class LockService(Service):
         wasActive = self.role == ACTIVE
         self.role = role
         self.activeAddress = activeAddress
+        for watcher in self.activity:
+            self._notify(watcher.roleChanged, role)
         if wasActive and role != ACTIVE:
             self._cancelLeaseTimers()
         if role == ACTIVE and not wasActive:
@@ -238,6 +244,7 @@ class LockService(Service):
             try:
                 for waiter in self._takeWaiters():
                     self.stats.redirects += 1
+                    self._waitEnded(waiter, REDIRECT)
                     waiter.conn.finish(waiter, wire.redirect(b"A", waiter.key, activeAddress))
             finally:
                 if outer:
@@ -327,6 +334,8 @@ class LockService(Service):
             self._waitSeq += 1
             heappush(self._waits, (deadline, self._waitSeq, waiter))
             self._waitAlarm.arm(deadline)
+        for watcher in self.activity:
+            self._notify(watcher.queued, now, waiter)
         return None
 
     def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
@@ -346,6 +355,7 @@ class LockService(Service):
             reply(wire.released(key, False))
             return
         heldFor = now - holder.grantedAt
+        owner = holder.owner
         orphans: List[Waiter] = []
         try:
             _, grant = self.table.release(key, token, now)
@@ -353,7 +363,7 @@ class LockService(Service):
             grant, orphans = None, e.waiters
         # The table no longer holds `token` here, whatever happened.
         self.stats.releasesOk += 1
-        self._dropped(key, token, heldFor, expired=False)
+        self._dropped(key, token, heldFor, expired=False, owner=owner, now=now)
         reply(wire.released(key, True))
         self._afterHandOver(grant, orphans, now)
 
@@ -376,6 +386,8 @@ class LockService(Service):
         self._armLease(key, token, holder.expiresAt)
         for observer in self.observers:
             self._notify(observer.renewed, key, token, holder.grantedAt, holder.expiresAt)
+        for watcher in self.activity:
+            self._notify(watcher.renewed, now, key, token, holder.owner, holder.expiresAt)
         reply(wire.renewed(key, True))
 
     def withdraw(self, waiter: PendingAcquire) -> None:
@@ -384,6 +396,7 @@ class LockService(Service):
         """
         if self.table.withdraw(waiter):
             self._forgetWait(waiter)
+            self._waitEnded(waiter, WITHDRAWAL)
 
     # -- answers gathered per reactor turn -----------------------------
 
@@ -429,6 +442,7 @@ class LockService(Service):
                 try:
                     if self.table.withdraw(waiter):
                         self.stats.timeouts += 1
+                        self._waitEnded(waiter, TIMEOUT)
                         waiter.conn.finish(waiter, wire.timedOut(waiter.key))
                 except Exception:
                     self._internalError("wait timeout")
@@ -483,13 +497,14 @@ class LockService(Service):
         if holder is None or holder.token != token or holder.expiresAt > now:
             return  # released, renewed, handed over or re-installed since
         heldFor = now - holder.grantedAt
+        owner = holder.owner
         orphans: List[Waiter] = []
         try:
             _, grant = self.table.expire(key, token, now)
         except HandOverFailed as e:
             grant, orphans = None, e.waiters
         self.stats.expirations += 1
-        self._dropped(key, token, heldFor, expired=True)
+        self._dropped(key, token, heldFor, expired=True, owner=owner, now=now)
         self._afterHandOver(grant, orphans, now)
 
     def _armAllLeases(self) -> None:
@@ -518,6 +533,12 @@ class LockService(Service):
         self._armLease(grant.key, grant.token, grant.expiresAt)
         for observer in self.observers:
             self._notify(observer.granted, grant.key, grant.token, now, grant.expiresAt, waited)
+        if self.activity:
+            holder = self.table.holder(grant.key)
+            owner = holder.owner if holder is not None else None
+            for watcher in self.activity:
+                self._notify(watcher.granted, now, grant.key, grant.token, owner, grant.waiter,
+                             waited)
 
     def _afterHandOver(self, grant: Optional[Grant], orphans: List[Waiter], now: float) -> None:
         """
@@ -532,14 +553,22 @@ class LockService(Service):
             waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))
         for orphan in cast(List[PendingAcquire], orphans):
             self._forgetWait(orphan)
+            self._waitEnded(orphan, "error")
             self.stats.errors += 1
             orphan.conn.finish(
                 orphan, wire.BadRequest(b"A", orphan.key, "fencing token space exhausted").answer()
             )
 
-    def _dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
+    def _dropped(self, key: bytes, token: int, heldFor: float, expired: bool,
+                 owner: Optional[str] = None, now: float = 0.0) -> None:
         for observer in self.observers:
             self._notify(observer.dropped, key, token, heldFor, expired)
+        for watcher in self.activity:
+            self._notify(watcher.dropped, now, key, token, owner, heldFor, expired)
+
+    def _waitEnded(self, waiter: PendingAcquire, reason: str) -> None:
+        for watcher in self.activity:
+            self._notify(watcher.waitEnded, self.clock.seconds(), waiter, reason)
 
     def _notify(self, method: Callable[..., object], *args: object) -> None:
         # An observer's bug must not leave the table half-updated or a

@@ -95,9 +95,10 @@ class LineClient:
         self.close()
 
 
-def ping(port: int, timeout: float = 1.0, tls: Optional[ssl.SSLContext] = None) -> bool:
+def ping(port: int, timeout: float = 1.0, host: str = "127.0.0.1",
+         tls: Optional[ssl.SSLContext] = None) -> bool:
     try:
-        with LineClient(port, timeout=timeout, tls=tls) as c:
+        with LineClient(port, host=host, timeout=timeout, tls=tls) as c:
             return c.ask(b"P ping") == b"P ping"
     except OSError:
         return False
@@ -123,7 +124,12 @@ class Node:
         """
         self.port = port
         self.tls = tls
+        self.host = "127.0.0.1"
         self.address = f"127.0.0.1:{port}"
+        # Each peer's client address; --peers is this list, in order.
+        self.peerAddresses = [f"127.0.0.1:{p}" for p in peers] if peers else []
+        # A command prefix (e.g. `ip netns exec NAME`) to run the node in.
+        self.prefix: List[str] = []
         self.peers = list(peers) if peers else []
         self.args = list(args)
         self.logDir = logDir or tempfile.mkdtemp(prefix="lockservice-")
@@ -132,19 +138,19 @@ class Node:
         self.starts = 0
 
     def command(self) -> List[str]:
-        cmd = [
+        cmd = self.prefix + [
             sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
             "-n", "--pidfile=", "-l", self.logPath(), "lockservice",
         ]
         if self.peers:
             cmd += [
-                "--peers", ",".join(f"127.0.0.1:{p}" for p in self.peers),
+                "--peers", ",".join(self.peerAddresses),
                 "--node", self.address,
             ]
             if "--secret" not in self.args:
                 cmd += ["--secret", self.secretPath()]
         else:
-            cmd += ["--listen", f"tcp:{self.port}:interface=127.0.0.1"]
+            cmd += ["--listen", f"tcp:{self.port}:interface={self.host}"]
         return cmd + self.args
 
     def secretPath(self) -> str:
@@ -180,7 +186,7 @@ class Node:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n"
                                    + self.tail())
-            if ping(self.port, timeout=0.5, tls=self.tls):
+            if ping(self.port, timeout=0.5, host=self.host, tls=self.tls):
                 return
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} did not answer P within {timeout}s:\n" + self.tail())
@@ -272,13 +278,13 @@ class Cluster:
 PROBE = b"R __lockservice_probe__ 0"
 
 
-def probeRole(port: int, timeout: float = 2.0) -> Optional[str]:
+def probeRole(port: int, timeout: float = 2.0, host: str = "127.0.0.1") -> Optional[str]:
     """
     What a node says to a harmless request: C{"active"} (it serves),
     C{"M <addr>"} (a redirect), or None when it cannot be reached.
     """
     try:
-        with LineClient(port, timeout=timeout) as c:
+        with LineClient(port, host=host, timeout=timeout) as c:
             answer = c.ask(PROBE)
     except OSError:
         return None
@@ -304,7 +310,7 @@ def waitFor(predicate, timeout: float, interval: float = 0.05, what: str = "cond
 
 
 def activeNodes(nodes: Sequence[Node]) -> List[Node]:
-    return [n for n in nodes if n.alive() and probeRole(n.port) == "active"]
+    return [n for n in nodes if n.alive() and probeRole(n.port, host=n.host) == "active"]
 
 
 def firstGrant(nodes: Sequence[Node], started: float, key: bytes, timeout: float = 20.0) -> float:

@@ -1,0 +1,117 @@
+"""
+The dashboard in a real headless browser (Debian's chromium) against a
+real node with held keys, waiters, a long hold and a deadlock: what the
+page's script renders is checked in the DOM the browser dumps.
+
+Without a browser the test is skipped, saying why; under CI (CI=true)
+a missing browser fails the test instead (CI installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from typing import List, Optional
+
+import pytest
+
+from lockservice.testing.harness import LineClient, freePort, waitFor
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def findBrowser() -> Optional[str]:
+    for name in BROWSERS:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def headless(browser: str, *args: str) -> List[str]:
+    profile = tempfile.mkdtemp(prefix="lockservice-chromium-")
+    return [browser, "--headless", "--no-sandbox", "--disable-gpu",
+            "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+            f"--user-data-dir={profile}", *args]
+
+
+@pytest.fixture
+def browser() -> str:
+    path = findBrowser()
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("no headless browser installed (CI must install Debian's chromium)")
+        pytest.skip("no headless browser: apt-get install -y chromium")
+    return path
+
+
+def renderedDOM(browser: str, url: str) -> str:
+    # The virtual time budget lets the page's fetch() of /dashboard.json
+    # complete and render before the DOM is dumped.
+    command = headless(browser, "--virtual-time-budget=5000", "--dump-dom", url)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def screenshot(browser: str, url: str, path: str) -> None:
+    command = headless(browser, "--virtual-time-budget=5000", "--hide-scrollbars",
+                       "--window-size=1400,1050", f"--screenshot={path}", url)
+    subprocess.run(command, capture_output=True, timeout=120, check=True)
+
+
+def test_dashboard_renders_a_busy_node(spawn, browser, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    http = freePort()
+    node = spawn(args=["--http", f"tcp:{http}:interface=127.0.0.1", "--warn-hold", "0.2"])
+    clients = [LineClient(node.port) for _ in range(5)]
+    try:
+        billing, reports, x, y, anonymous = clients
+        billing.ask(b"I billing-worker-1")
+        reports.ask(b"I reports-nightly")
+        x.ask(b"I deadlock-x")
+        y.ask(b"I deadlock-y")
+        billing.ask(b"A accounts/1042 120 0")
+        reports.send(b"A accounts/1042 60 0\n")
+        anonymous.send(b"A accounts/1042 30 0\n")
+        x.ask(b"A inventory/a 300 0")
+        y.ask(b"A inventory/b 300 0")
+        x.send(b"A inventory/b 300 0\n")
+        y.send(b"A inventory/a 300 0\n")
+        status = f"http://127.0.0.1:{http}/status"
+
+        def ready() -> bool:
+            import json
+            import urllib.request
+
+            with urllib.request.urlopen(status, timeout=5) as r:
+                data = json.loads(r.read())
+            return data["waiters"] == 4 and data["long_holds"] == 3 and bool(data["deadlocks"])
+
+        waitFor(ready, 20, what="queued, long holds and the deadlock")
+        dom = renderedDOM(browser, f"http://127.0.0.1:{http}/")
+        # Rendered by the page's script, not in the HTML the node sent.
+        assert re.search(r'<span id="role" class="role active">active</span>', dom), dom[:3000]
+        row = re.search(r'<tr data-key="accounts/1042" class="long">(.*?)</tr>', dom, re.S)
+        assert row, dom
+        assert '<td class="holder">billing-worker-1</td>' in row.group(1)
+        waiters = re.findall(r'<li class="waiter">([^<]*)</li>', row.group(1))
+        host, port = anonymous.sock.getsockname()
+        assert [w.split(" (")[0] for w in waiters] == ["reports-nightly", f"{host}:{port}"]
+        assert 'id="deadlocks"' in dom and "cycle of 2" in dom
+        assert "deadlock-x waits for inventory/b (held by deadlock-y)" in dom
+        assert re.search(r'<tr data-key="inventory/a" class="long deadlock">', dom)
+        assert 'id="long-holds"' in dom
+        assert dom.count('<li class="event">') >= 5
+        assert 'class="series-grants"' in dom and 'class="series-hold_max"' in dom
+        assert "<title>lockservice</title>" in dom
+        assert ">this node<" in dom  # the active of a single node: no "None"
+        if os.environ.get("LOCKSERVICE_SCREENSHOT"):
+            screenshot(browser, f"http://127.0.0.1:{http}/",
+                       os.environ["LOCKSERVICE_SCREENSHOT"])
+    finally:
+        for c in clients:
+            c.close()

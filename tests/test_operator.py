@@ -1,0 +1,184 @@
+"""
+The operator's view against real twistd nodes: connection names, the
+queue listing, force-release, --warn-hold and the admin secret.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import pytest
+
+from lockservice.tap import Options
+from lockservice.testing.harness import LineClient, Node, freePort, waitFor
+
+
+def get(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def post(port: int, path: str, secret: Optional[str], reason: str) -> Tuple[int, Dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {secret}"} if secret is not None else {}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", method="POST", headers=headers,
+        data=urllib.parse.urlencode({"reason": reason}).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def metric(port: int, name: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return line.split(" ", 1)[1]
+    raise AssertionError(f"no metric {name}")
+
+
+def httpNode(spawn: Callable[..., Node], *args: str) -> Tuple[Node, int]:
+    port = freePort()
+    node = spawn(args=["--http", f"tcp:{port}:interface=127.0.0.1", *args])
+    return node, port
+
+
+def test_names_and_queue_listing(spawn) -> None:  # type: ignore[no-untyped-def]
+    node, http = httpNode(spawn)
+    with LineClient(node.port) as alice, LineClient(node.port) as bob, \
+            LineClient(node.port) as anonymous:
+        assert alice.ask(b"I alice") == b"I alice"
+        assert bob.ask(b"I bob") == b"I bob"
+        token = alice.ask(b"A jobs/nightly 60 0").split()[2]
+        bob.send(b"A jobs/nightly 30 0\n")
+        waitFor(lambda: get(http, "/status")["waiters"] == 1, 10, what="bob queued")
+        anonymous.send(b"A jobs/nightly 5 0\n")
+        waitFor(lambda: get(http, "/status")["waiters"] == 2, 10, what="anonymous queued")
+        lock = get(http, "/locks?key=jobs/nightly")
+        assert lock["held"] is True and lock["holder"] == "alice"
+        assert lock["token"] == int(token) and lock["renewals"] == 0
+        host, port = anonymous.sock.getsockname()
+        assert [w["who"] for w in lock["waiters"]] == ["bob", f"{host}:{port}"]
+        assert [w["lease_seconds"] for w in lock["waiters"]] == [30, 5]
+        assert lock["waiters"][0]["waited_seconds"] >= lock["waiters"][1]["waited_seconds"]
+        assert alice.ask(b"N jobs/nightly " + token + b" 60") == b"N jobs/nightly OK"
+        assert get(http, "/locks")["locks"][0]["renewals"] == 1
+        events = get(http, "/events?key=jobs/nightly")["events"]
+        assert [(e["type"], e["who"]) for e in events] == [("grant", "alice"),
+                                                           ("renewal", "alice")]
+
+
+def test_force_release_fences_the_old_holder(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    secretFile = tmp_path / "admin-secret"
+    secretFile.write_text("correct horse battery staple")
+    node, http = httpNode(spawn, "--admin-secret", str(secretFile))
+    with LineClient(node.port) as stuck, LineClient(node.port) as next_:
+        stuck.ask(b"I stuck-worker")
+        old = stuck.ask(b"A orders/42 300 0").split()[2]
+        next_.send(b"A orders/42 30 0\n")
+        waitFor(lambda: get(http, "/status")["waiters"] == 1, 10, what="waiter queued")
+        assert post(http, "/locks/orders/42/release", None, "x")[0] == 401
+        assert post(http, "/locks/orders/42/release", "wrong", "x")[0] == 401
+        assert post(http, "/locks/not-held/release", "correct horse battery staple",
+                    "x")[0] == 404
+        code, answer = post(http, "/locks/orders/42/release", "correct horse battery staple",
+                            "worker hung since 3am")
+        assert code == 200, answer
+        granted = next_.readline().split()
+        assert granted[:2] == [b"A", b"orders/42"]
+        assert int(granted[2]) > int(old)
+        assert answer == {"key": "orders/42", "released_token": int(old),
+                          "next_token": int(granted[2]), "reason": "worker hung since 3am"}
+        assert stuck.ask(b"R orders/42 " + old) == b"R orders/42 STALE"
+        [event] = [e for e in get(http, "/events")["events"] if e["type"] == "force-release"]
+        assert event["who"] == "stuck-worker" and event["token"] == int(old)
+        assert event["detail"] == "by admin@127.0.0.1: worker hung since 3am"
+        assert metric(http, "lockservice_force_releases_total") == "1.0"
+
+
+def test_force_release_unavailable_without_admin_secret(spawn) -> None:  # type: ignore[no-untyped-def]
+    node, http = httpNode(spawn)
+    with LineClient(node.port) as c:
+        c.ask(b"A k 30 0")
+        code, answer = post(http, "/locks/k/release", "anything", "x")
+        assert code == 403 and "admin-secret" in answer["error"]
+        assert get(http, "/locks?key=k")["held"] is True
+
+
+def test_warn_hold(spawn) -> None:  # type: ignore[no-untyped-def]
+    node, http = httpNode(spawn, "--warn-hold", "0.5")
+    with LineClient(node.port) as c:
+        c.ask(b"I batch-7")
+        token = c.ask(b"A slow 60 0").split()[2]
+        quick = c.ask(b"A quick 60 0").split()[2]
+        assert c.ask(b"R quick " + quick) == b"R quick OK"
+        waitFor(lambda: get(http, "/locks?key=slow")["long_hold"], 10, what="long hold flagged")
+        assert get(http, "/status")["long_holds"] == 1
+        assert metric(http, "lockservice_long_holds_total") == "1.0"
+        waitFor(lambda: "Long hold" in node.tail(), 10, what="long hold logged")
+        assert c.ask(b"R slow " + token) == b"R slow OK"
+        assert get(http, "/status")["long_holds"] == 0
+    log = node.tail(200)
+    assert log.count("Long hold") == 1
+    assert f"slow held by batch-7 (token {int(token)}) for more than 0.5 s" in log
+    assert "quick" not in log.split("Long hold")[1]
+
+
+def test_deadlock_reported_once(spawn) -> None:  # type: ignore[no-untyped-def]
+    node, http = httpNode(spawn)
+    with LineClient(node.port) as x, LineClient(node.port) as y, LineClient(node.port) as z:
+        for conn, name in ((x, b"x"), (y, b"y"), (z, b"z")):
+            conn.ask(b"I " + name)
+        x.ask(b"A a 60 0")
+        y.ask(b"A b 60 0")
+        z.ask(b"A c 60 0")
+        x.send(b"A b 60 0\n")
+        y.send(b"A c 60 0\n")
+        waitFor(lambda: get(http, "/status")["waiters"] == 2, 10, what="queued")
+        assert get(http, "/status")["deadlocks"] == []
+        z.send(b"A a 60 0\n")
+        waitFor(lambda: get(http, "/status")["deadlocks"], 10, what="deadlock seen")
+        [cycle] = get(http, "/status")["deadlocks"]
+        assert cycle["length"] == 3 and cycle["clients"] == ["x", "y", "z"]
+        assert metric(http, "lockservice_deadlocks_now") == "1.0"
+        waitFor(lambda: "Deadlock" in node.tail(), 10, what="deadlock logged")
+    # Closing the connections withdraws the waits: the cycle is gone.
+    waitFor(lambda: get(http, "/status")["deadlocks"] == [], 10, what="cycle gone")
+    assert node.tail(200).count("Deadlock") == 1
+    assert metric(http, "lockservice_deadlocks_total") == "1.0"
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read --admin-secret"),
+    ("\n", "is empty"),
+])
+def test_bad_admin_secret_file(tmp_path, capsys, content, message) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "admin"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as e:
+        Options().parseOptions(["--admin-secret", str(path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "1e3"])
+def test_bad_warn_hold(capsys, value) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit):
+        Options().parseOptions(["--warn-hold", value])
+    assert "--warn-hold" in capsys.readouterr().err
+
+
+def test_options_read() -> None:
+    options = Options()
+    options.parseOptions([])
+    assert options["warn-hold"] is None and options["adminSecretBytes"] is None
+    options = Options()
+    options.parseOptions(["--warn-hold", "2.5"])
+    assert options["warn-hold"] == 2.5
