@@ -1,16 +1,21 @@
 # -*- test-case-name: tests.test_cli -*-
 """
-The C{lockservice} command: status, acquire, release, run, bench.
+The C{lockservice} command.
 
     lockservice status [URL]
-    lockservice acquire KEY --lease S --wait S [--addr host:port,...]
-    lockservice release KEY TOKEN [--addr ...]
-    lockservice run KEY [--lease S] [--wait S] [--addr ...] -- CMD ARGS...
+    lockservice acquire KEY [--lease S] [--wait S] [connection options]
+    lockservice release KEY TOKEN [connection options]
+    lockservice release --force KEY --reason TEXT [--http URL] --admin-secret FILE
+    lockservice run KEY [--lease S] [--wait S] [--grace S] [connection options] -- CMD ARGS...
+    lockservice shell [HOST:PORT] [--tls-ca FILE ...]
+    lockservice events [KEY] [--follow] [--http URL]
     lockservice bench ...            (see python -m lockservice.bench --help)
 
-Exit status: 0 success; 1 release answered STALE; 2 bad arguments;
-69 server unreachable; 75 the wait ran out without a grant; for C{run},
-otherwise the command's own status.
+Connection options: C{--addr host:port,...} (C{;} between clusters),
+C{--cluster host:port,...} (repeated: one per cluster), C{--name NAME},
+C{--tls-ca FILE [--tls-cert FILE --tls-key FILE]}.
+
+Exit status: see L{EXIT_STATUSES} (and docs/operations.md).
 """
 
 from __future__ import annotations
@@ -19,18 +24,36 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Dict, List, Optional
 
-EX_STALE = 1
+EX_OK = 0
+EX_STALE = 1  # release answered STALE; release --force: the key was not held
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
+EX_LOST = 74
 EX_TEMPFAIL = 75
+EX_NOPERM = 77
+
+EXIT_STATUSES = {
+    EX_OK: "success (for run: CMD's own status is returned instead)",
+    EX_STALE: "release answered STALE; release --force: the key was not held",
+    EX_USAGE: "bad arguments (help printed when there are none), or the server "
+              "rejected the request (E)",
+    EX_UNAVAILABLE: "no node (or HTTP endpoint) reachable",
+    EX_LOST: "run: the lock was lost while CMD ran; CMD was stopped",
+    EX_TEMPFAIL: "the wait ran out without a grant (acquire, run)",
+    EX_NOPERM: "release --force refused: wrong admin secret, or none configured",
+}
 
 DEFAULT_ADDR = os.environ.get("LOCKSERVICE_ADDR", "127.0.0.1:7700")
 DEFAULT_STATUS_URL = os.environ.get("LOCKSERVICE_URL", "http://127.0.0.1:7780")
+DEFAULT_GRACE = 10.0
 
 
 class CommandError(Exception):
@@ -44,22 +67,58 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
-# -- status --------------------------------------------------------------------
+def defaultName() -> str:
+    """
+    How the CLI names its connections unless told: C{host:pid:lockservice-cli}.
+    """
+    host = "".join(c for c in socket.gethostname() if c.isprintable() and not c.isspace())
+    return f"{host or 'localhost'}:{os.getpid()}:lockservice-cli"
 
 
-def fetchStatus(url: str) -> Dict[str, Any]:
+# -- HTTP: status, events, force-release ---------------------------------------
+
+
+def _baseURL(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         url = "http://" + url
-    if not url.rstrip("/").endswith("/status"):
-        url = url.rstrip("/") + "/status"
+    return url.rstrip("/")
+
+
+def _http(url: str, data: Optional[bytes] = None,
+          headers: Optional[Dict[str, str]] = None) -> Any:
+    """
+    One HTTP request; the decoded JSON answer.  HTTP errors are returned as
+    C{urllib.error.HTTPError} for the caller to map.
+    """
+    request = urllib.request.Request(url, data=data, headers=headers or {},
+                                     method="POST" if data is not None else "GET")
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return dict(json.loads(response.read()))
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError:
+        raise
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise CommandError(f"cannot reach {url}: {reason}", EX_UNAVAILABLE) from None
     except ValueError:
         raise CommandError(f"{url} did not answer JSON", EX_UNAVAILABLE) from None
+
+
+def _jsonBody(e: urllib.error.HTTPError) -> Dict[str, Any]:
+    try:
+        return dict(json.loads(e.read()))
+    except Exception:
+        return {}
+
+
+def fetchStatus(url: str) -> Dict[str, Any]:
+    url = _baseURL(url)
+    if not url.endswith("/status"):
+        url += "/status"
+    try:
+        return dict(_http(url))
+    except urllib.error.HTTPError as e:
+        raise CommandError(f"{url} answered {e.code} {e.reason}", EX_UNAVAILABLE) from None
 
 
 def formatStatus(s: Dict[str, Any]) -> str:
@@ -85,28 +144,154 @@ def formatStatus(s: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def formatEvent(e: Dict[str, Any]) -> str:
+    """
+    One event as one line: time (UTC), type, key, token, who, detail.
+    """
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(e["time"]))
+    when += f".{int((e['time'] % 1) * 1000):03d}Z"
+    parts = [f"{e['seq']:>6}", when, f"{e['type']:13}", e.get("key") or "-"]
+    if e.get("token") is not None:
+        parts.append(f"token={e['token']}")
+    if e.get("who"):
+        parts.append(f"who={e['who']}")
+    if e.get("detail"):
+        parts.append(f"({e['detail']})")
+    return " ".join(parts)
+
+
+def eventsCommand(args: argparse.Namespace) -> int:
+    """
+    Print the node's recent events (oldest first); with C{--follow}, keep
+    polling for new ones until interrupted.
+    """
+    base = _baseURL(args.http)
+    since = args.since
+    try:
+        while True:
+            query = {"since": str(since)}
+            if args.key:
+                query["key"] = args.key
+            url = f"{base}/events?{urllib.parse.urlencode(query)}"
+            try:
+                answer = _http(url)
+            except urllib.error.HTTPError as e:
+                raise CommandError(f"{url} answered {e.code} {e.reason}",
+                                   EX_UNAVAILABLE) from None
+            for event in answer.get("events", []):
+                print(json.dumps(event) if args.json else formatEvent(event), flush=True)
+            since = max(since, int(answer.get("next", since)))
+            if not args.follow:
+                return EX_OK
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return EX_OK
+
+
+def forceReleaseCommand(args: argparse.Namespace) -> int:
+    """
+    C{POST /locks/<key>/release} with the admin secret: the key goes to its
+    next waiter with a new token, so the old holder is fenced.
+    """
+    if not args.reason:
+        raise CommandError("release --force needs --reason TEXT (it is recorded)", EX_USAGE)
+    if not args.admin_secret:
+        raise CommandError("release --force needs --admin-secret FILE", EX_USAGE)
+    try:
+        with open(args.admin_secret, "rb") as f:
+            secret = f.read().strip().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CommandError(f"cannot read --admin-secret {args.admin_secret}: "
+                           f"{getattr(e, 'strerror', None) or e}", EX_USAGE) from None
+    url = f"{_baseURL(args.http)}/locks/{urllib.parse.quote(args.key, safe='')}/release"
+    body = urllib.parse.urlencode({"reason": args.reason}).encode()
+    try:
+        answer = _http(url, data=body, headers={
+            "Authorization": f"Bearer {secret}",
+            "Content-Type": "application/x-www-form-urlencoded"})
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise CommandError(f"{args.key!r} is not held; nothing released", EX_STALE) from None
+        if e.code == 401:
+            raise CommandError("refused: wrong admin secret", EX_NOPERM) from None
+        if e.code == 403:
+            raise CommandError("refused: the node has no --admin-secret configured",
+                               EX_NOPERM) from None
+        if e.code == 409:
+            active = _jsonBody(e).get("active")
+            raise CommandError("this node is not active" + (
+                f"; its active serves HTTP elsewhere (client address {active})"
+                if active else ""), EX_UNAVAILABLE) from None
+        raise CommandError(f"{url} answered {e.code} {e.reason}", EX_UNAVAILABLE) from None
+    if args.json:
+        print(json.dumps(answer))
+    else:
+        nextToken = answer.get("next_token")
+        handed = (f"handed to the next waiter with token {nextToken}" if nextToken is not None
+                  else "no waiter: the key is free")
+        print(f"released {answer.get('key')} (token {answer.get('released_token')}); "
+              f"{handed}; reason: {answer.get('reason')}")
+    return EX_OK
+
+
 # -- lock commands (Twisted client) -------------------------------------------
 
 
-async def _connected(reactor: Any, addr: str) -> Any:
-    from lockservice.client.api import NoConnection, connect
+def _tls(args: argparse.Namespace) -> Any:
+    from lockservice.client.endpoints import ClientTLS
 
-    client = connect(reactor, addr)
+    if args.tls_ca is None:
+        if args.tls_cert or args.tls_key:
+            raise CommandError("--tls-cert/--tls-key need --tls-ca (the CA that signed "
+                               "the node's certificate)", EX_USAGE)
+        return None
     try:
-        await client.whenConnected(timeout=5)
-    except NoConnection:
+        return ClientTLS(args.tls_ca, args.tls_cert, args.tls_key)
+    except ValueError as e:
+        raise CommandError(str(e), EX_USAGE) from None
+
+
+def _clusters(args: argparse.Namespace) -> Any:
+    from lockservice.client.api import parseClusters
+    from lockservice.client.endpoints import splitAddress
+
+    if args.cluster:
+        clusters = [[a.strip() for a in c.split(",") if a.strip()] for c in args.cluster]
+    else:
+        clusters, _ = parseClusters(args.addr)
+    if not clusters or not all(clusters):
+        raise CommandError("no address given", EX_USAGE)
+    for cluster in clusters:
+        for address in cluster:
+            try:
+                splitAddress(address)
+            except ValueError as e:
+                raise CommandError(str(e), EX_USAGE) from None
+    return clusters
+
+
+async def _connected(reactor: Any, args: argparse.Namespace) -> Any:
+    from lockservice.client.api import connect
+    from lockservice.client.errors import NoConnection
+
+    clusters = _clusters(args)
+    client = connect(reactor, clusters, name=args.name or defaultName(), tls=_tls(args))
+    try:
+        await client.whenConnected(timeout=5, failFast=True)
+    except NoConnection as e:
         await client.close()
-        raise CommandError(f"cannot reach lockservice at {addr}", EX_UNAVAILABLE) from None
+        raise CommandError(f"cannot reach lockservice: {e}", EX_UNAVAILABLE) from None
     return client
 
 
-async def _acquire(reactor: Any, client: Any, key: str, lease: float, wait: float) -> Any:
-    from lockservice.client.api import LockRejected, LockTimeout, NoConnection
+async def _acquire(client: Any, key: str, lease: float, wait: float,
+                   keepAlive: bool = False) -> Any:
+    from lockservice.client.errors import LockRejected, LockTimeout, NoConnection
 
     try:
-        return await client.acquire(key, lease, wait)
+        return await client.acquire(key, lease, wait, keepAlive=keepAlive)
     except LockTimeout:
-        raise CommandError(f"no grant for {key!r} within {wait} s", EX_TEMPFAIL) from None
+        raise CommandError(f"no grant for {key!r} within {wait:g} s", EX_TEMPFAIL) from None
     except LockRejected as e:
         raise CommandError(f"rejected: {e.message}", EX_USAGE) from None
     except NoConnection as e:
@@ -114,44 +299,46 @@ async def _acquire(reactor: Any, client: Any, key: str, lease: float, wait: floa
 
 
 async def acquireCommand(reactor: Any, args: argparse.Namespace) -> int:
-    client = await _connected(reactor, args.addr)
+    client = await _connected(reactor, args)
     try:
-        lock = await _acquire(reactor, client, args.key, args.lease, args.wait)
+        lock = await _acquire(client, args.key, args.lease, args.wait)
         print(lock.token)
-        return 0
+        return EX_OK
     finally:
         await client.close()
 
 
 async def releaseCommand(reactor: Any, args: argparse.Namespace) -> int:
-    from lockservice.client.api import Lock, ReleaseFailed
+    from lockservice.client.api import Lock
+    from lockservice.client.errors import ReleaseFailed
 
-    client = await _connected(reactor, args.addr)
+    client = await _connected(reactor, args)
     try:
         try:
             ok = await client.release(Lock(args.key, args.token))
         except ReleaseFailed as e:
             raise CommandError(str(e), EX_UNAVAILABLE) from None
         print("OK" if ok else "STALE")
-        return 0 if ok else EX_STALE
+        return EX_OK if ok else EX_STALE
     finally:
         await client.close()
 
 
 async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
     """
-    Hold the lock while CMD runs; release when it ends (also on Ctrl+C,
-    which is passed on to CMD); exit with CMD's status.
+    Hold the lock while CMD runs, renewing it every third of the lease;
+    release when CMD ends (Ctrl+C and SIGTERM are passed on to CMD) and exit
+    with CMD's status.  If the lock is lost meanwhile, CMD gets SIGTERM,
+    then SIGKILL after C{--grace} seconds, one line says why, and the exit
+    status is L{EX_LOST}.
     """
     from twisted.internet.defer import Deferred
     from twisted.internet.protocol import ProcessProtocol
 
     command: List[str] = args.command
-    if not command:
-        raise CommandError("run needs a command after --", EX_USAGE)
-    client = await _connected(reactor, args.addr)
+    client = await _connected(reactor, args)
     try:
-        lock = await _acquire(reactor, client, args.key, args.lease, args.wait)
+        lock = await _acquire(client, args.key, args.lease, args.wait, keepAlive=True)
         ended: "Deferred[int]" = Deferred()
 
         class Child(ProcessProtocol):
@@ -170,8 +357,22 @@ async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
             await client.release(lock)
             raise CommandError(f"cannot run {command[0]}: {e}", 127) from None
 
+        state: Dict[str, Any] = {"lost": None, "kill": None}
+
+        def lost(why: Any) -> None:
+            if ended.called:
+                return
+            state["lost"] = why
+            print(f"lockservice: {why}; stopping {command[0]} "
+                  f"(SIGTERM, SIGKILL after {args.grace:g} s)", file=sys.stderr, flush=True)
+            _signalChild(process, "TERM")
+            state["kill"] = reactor.callLater(args.grace, _signalChild, process, "KILL")
+
+        lock.lost.addCallback(lost)
+
         def passOn(signum: int, frame: Any) -> None:
-            reactor.callFromThread(_signalChild, process, signum)
+            name = {int(signal.SIGINT): "INT", int(signal.SIGTERM): "TERM"}[signum]
+            reactor.callFromThread(_signalChild, process, name)
 
         previous = {s: signal.signal(s, passOn) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -179,27 +380,50 @@ async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            try:
-                await client.release(lock)
-            except Exception as e:  # the lease reclaims it anyway
-                print(f"lockservice: release failed ({e}); the lease will free the key",
-                      file=sys.stderr)
+            if state["kill"] is not None and state["kill"].active():
+                state["kill"].cancel()
+        if state["lost"] is not None:
+            return EX_LOST
+        try:
+            await client.release(lock)
+        except Exception as e:  # the lease reclaims it anyway
+            print(f"lockservice: release failed ({e}); the lease will free the key",
+                  file=sys.stderr)
         return status
     finally:
         await client.close()
 
 
-def _signalChild(process: Any, signum: int) -> None:
+def _signalChild(process: Any, name: str) -> None:
     try:
-        process.signalProcess({int(signal.SIGINT): "INT", int(signal.SIGTERM): "TERM"}[signum])
+        process.signalProcess(name)
     except Exception:
         pass  # already gone
+
+
+async def shellCommand(reactor: Any, args: argparse.Namespace) -> int:
+    """
+    An interactive line session: each line typed is sent as a request and
+    each answer printed as it arrives (no C{nc} needed; TLS works too).
+    End of input (Ctrl+D) ends the session once the node has answered.
+    """
+    from lockservice.shell import runShell
+
+    clusters = _clusters(args)
+    if len(clusters) != 1 or len(clusters[0]) != 1:
+        raise CommandError("shell talks to one node: give one HOST:PORT", EX_USAGE)
+    name = args.name or defaultName()
+    try:
+        return await runShell(reactor, clusters[0][0], _tls(args), name,
+                              interactive=sys.stdin.isatty())
+    except ConnectionError as e:
+        raise CommandError(str(e), EX_UNAVAILABLE) from None
 
 
 # -- entry point ---------------------------------------------------------------
 
 
-def _positiveSeconds(text: str) -> float:
+def _seconds(text: str) -> float:
     from lockservice.core.wire import checkSeconds
 
     try:
@@ -208,39 +432,134 @@ def _positiveSeconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _positive(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, not {text!r}")
+    return value
+
+
 def _token(text: str) -> int:
-    if not text.isdigit() or not text.isascii():
+    if not text.isdigit() or not text.isascii() or int(text) >= 2**64:
         raise argparse.ArgumentTypeError(f"not a token: {text!r}")
     return int(text)
 
 
+def _key(text: str) -> str:
+    from lockservice.core.wire import isValidKey
+
+    if not isValidKey(text.encode("utf-8", "surrogateescape")):
+        raise argparse.ArgumentTypeError(
+            f"invalid key {text!r}: 1-250 bytes of UTF-8, no spaces or control characters")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """
+    argparse, with errors as one line (plus the usage) and exit status 2.
+    """
+
+    def error(self, message: str) -> Any:
+        print(f"lockservice: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EX_USAGE)
+
+
+def _epilog() -> str:
+    lines = ["exit statuses:"]
+    lines += [f"  {code:>3}  {meaning}" for code, meaning in sorted(EXIT_STATUSES.items())]
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lockservice", description="lockservice command-line client")
-    sub = p.add_subparsers(dest="command_name", required=True)
+    from lockservice import __version__
+
+    p = _Parser(prog="lockservice", description="lockservice command-line client",
+                epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"lockservice {__version__}")
+    p.add_argument("--reactor", metavar="NAME", default=os.environ.get("LOCKSERVICE_REACTOR"),
+                   help="Twisted reactor to run on, e.g. asyncio (default: Twisted's "
+                        "default; or $LOCKSERVICE_REACTOR)")
+    sub = p.add_subparsers(dest="command_name", metavar="COMMAND", parser_class=_Parser)
 
     st = sub.add_parser("status", help="show a node's (and its cluster's) status")
     st.add_argument("url", nargs="?", default=DEFAULT_STATUS_URL,
                     help=f"the node's --http address (default {DEFAULT_STATUS_URL})")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
 
-    def lockArgs(sp: argparse.ArgumentParser, leaseDefault: Optional[float]) -> None:
-        sp.add_argument("key")
+    def connection(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--addr", default=DEFAULT_ADDR,
-                        help=f"node addresses host:port,... (default {DEFAULT_ADDR})")
-        if leaseDefault is not None:
-            sp.add_argument("--lease", type=_positiveSeconds, default=leaseDefault,
-                            help=f"lease in seconds (default {leaseDefault:g})")
-            sp.add_argument("--wait", type=_positiveSeconds, default=0,
-                            help="seconds to wait for the lock (default 0: no limit)")
+                        help=f"node addresses host:port,... ; ';' between clusters "
+                             f"(default $LOCKSERVICE_ADDR or {DEFAULT_ADDR})")
+        sp.add_argument("--cluster", action="append", metavar="HOST:PORT,...",
+                        help="one cluster's addresses; repeat for several clusters "
+                             "(keys are spread over them by rendezvous hashing)")
+        sp.add_argument("--name", type=_key, default=None,
+                        help="name of this client on the node (default host:pid:lockservice-cli)")
+        sp.add_argument("--tls-ca", metavar="FILE", help="connect with TLS, verifying the "
+                        "node's certificate against this CA (PEM)")
+        sp.add_argument("--tls-cert", metavar="FILE", help="client certificate (PEM), for "
+                        "nodes that require one")
+        sp.add_argument("--tls-key", metavar="FILE", help="the client certificate's key (PEM)")
+
+    def lockArgs(sp: argparse.ArgumentParser, leaseDefault: float) -> None:
+        sp.add_argument("key", type=_key)
+        sp.add_argument("--lease", type=_positive, default=leaseDefault,
+                        help=f"lease in seconds (default {leaseDefault:g})")
+        sp.add_argument("--wait", type=_seconds, default=0,
+                        help="seconds to wait for the lock (default 0: no limit)")
+        connection(sp)
 
     ac = sub.add_parser("acquire", help="acquire KEY and print its fencing token")
     lockArgs(ac, 30)
-    rl = sub.add_parser("release", help="release KEY held with TOKEN")
-    lockArgs(rl, None)
-    rl.add_argument("token", type=_token)
-    rn = sub.add_parser("run", help="run a command while holding KEY")
+
+    rl = sub.add_parser(
+        "release", help="release KEY held with TOKEN (or --force it over HTTP)",
+        description="release KEY TOKEN: give a lock back.  release --force KEY --reason "
+                    "TEXT: an operator takes KEY from its holder (the next waiter gets it "
+                    "with a new token), through the node's --http endpoint and admin secret.")
+    rl.add_argument("key", type=_key)
+    rl.add_argument("token", type=_token, nargs="?")
+    rl.add_argument("--force", action="store_true",
+                    help="force-release KEY whoever holds it (needs --reason, "
+                         "--admin-secret; uses --http)")
+    rl.add_argument("--reason", help="why (recorded in the node's events)")
+    rl.add_argument("--http", default=DEFAULT_STATUS_URL,
+                    help=f"the node's HTTP endpoint for --force (default $LOCKSERVICE_URL "
+                         f"or {DEFAULT_STATUS_URL})")
+    rl.add_argument("--admin-secret", metavar="FILE", help="file holding the admin secret")
+    rl.add_argument("--json", action="store_true", help="--force: print the raw JSON answer")
+    connection(rl)
+
+    rn = sub.add_parser(
+        "run", help="run a command while holding KEY (renewed while it runs)",
+        description="Acquire KEY, run CMD with LOCKSERVICE_KEY and LOCKSERVICE_TOKEN set, "
+                    "renew the lock every third of --lease while CMD runs, release it when "
+                    "CMD ends and exit with CMD's status.  If the lock is lost, CMD gets "
+                    f"SIGTERM (SIGKILL after --grace) and the exit status is {EX_LOST}.")
     lockArgs(rn, 60)
+    rn.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE,
+                    help=f"seconds between SIGTERM and SIGKILL when the lock is lost "
+                         f"(default {DEFAULT_GRACE:g})")
     rn.add_argument("command", nargs="*", help="-- CMD ARGS... (after a literal --)")
+
+    sh = sub.add_parser("shell", help="type requests to a node and see its answers",
+                        description="An interactive line session with one node (plain TCP "
+                                    "or TLS): type A/R/N/P/I requests, see the answers.")
+    sh.add_argument("target", nargs="?", metavar="HOST:PORT",
+                    help=f"the node (default $LOCKSERVICE_ADDR or {DEFAULT_ADDR})")
+    connection(sh)
+
+    ev = sub.add_parser("events", help="show a node's recent lock events")
+    ev.add_argument("key", nargs="?", type=_key, help="only this key's events")
+    ev.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    ev.add_argument("--since", type=int, default=0, help="only events after this seq")
+    ev.add_argument("--http", default=DEFAULT_STATUS_URL,
+                    help=f"the node's HTTP endpoint (default $LOCKSERVICE_URL or "
+                         f"{DEFAULT_STATUS_URL})")
+    ev.add_argument("--interval", type=_positive, default=1.0,
+                    help="seconds between polls with --follow (default 1)")
+    ev.add_argument("--json", action="store_true", help="one JSON object per line")
+
     sub.add_parser("bench", help="load generator (python -m lockservice.bench --help)",
                    add_help=False)
     return p
@@ -252,41 +571,86 @@ def main(argv: Optional[List[str]] = None) -> int:
         from lockservice import bench
 
         return bench.main(argv[1:])
+    if not argv:
+        parser().print_help()
+        return EX_USAGE
     command: List[str] = []
-    if argv[:1] == ["run"] and "--" in argv:
+    if "--" in argv and "run" in argv[:argv.index("--")]:
         # Everything after "--" belongs to CMD, options included.
         split = argv.index("--")
         argv, command = argv[:split], argv[split + 1:]
-    args = parser().parse_args(argv)
-    if args.command_name == "run":
-        args.command = args.command + command
-    if args.command_name in ("acquire", "run") and args.lease <= 0:
-        return _fail("--lease must be > 0", EX_USAGE)
     try:
-        if args.command_name == "status":
-            data = fetchStatus(args.url)
-            print(json.dumps(data, indent=2) if args.json else formatStatus(data))
-            return 0
-        from twisted.internet.defer import Deferred
-        from twisted.internet.task import react
-
-        handler = {"acquire": acquireCommand, "release": releaseCommand,
-                   "run": runCommand}[args.command_name]
-        result: Dict[str, int] = {}
-
-        async def body(reactor: Any) -> None:
-            try:
-                result["status"] = await handler(reactor, args)
-            except CommandError as e:
-                result["status"] = _fail(str(e), e.status)
-
-        try:
-            react(lambda reactor: Deferred.fromCoroutine(body(reactor)))
-        except SystemExit:
-            pass
-        return result.get("status", 1)
+        args = parser().parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        return _dispatch(args, command)
     except CommandError as e:
         return _fail(str(e), e.status)
+
+
+def _dispatch(args: argparse.Namespace, command: List[str]) -> int:
+    name = args.command_name
+    if name is None:
+        parser().print_help()
+        return EX_USAGE
+    if name == "status":
+        data = fetchStatus(args.url)
+        print(json.dumps(data, indent=2) if args.json else formatStatus(data))
+        return EX_OK
+    if name == "events":
+        return eventsCommand(args)
+    if name == "release":
+        if args.force:
+            if args.token is not None:
+                raise CommandError("release --force takes a KEY, not a token", EX_USAGE)
+            return forceReleaseCommand(args)
+        if args.token is None:
+            raise CommandError("release needs KEY TOKEN (or --force KEY --reason TEXT)",
+                               EX_USAGE)
+    if name == "run":
+        args.command = args.command + command
+        if not args.command:
+            raise CommandError("run needs a command after --", EX_USAGE)
+    if name == "shell" and args.target:
+        args.addr = args.target
+    # Validate what can be validated before starting a reactor.
+    _clusters(args)
+    _tls(args)
+    return _react({"acquire": acquireCommand, "release": releaseCommand,
+                   "run": runCommand, "shell": shellCommand}[name], args)
+
+
+def _installReactor(name: Optional[str]) -> None:
+    if not name:
+        return
+    from twisted.application.reactors import NoSuchReactor, installReactor
+
+    try:
+        installReactor(name)
+    except NoSuchReactor:
+        raise CommandError(f"no such reactor: {name!r} (try asyncio, epoll, poll, select)",
+                           EX_USAGE) from None
+
+
+def _react(handler: Any, args: argparse.Namespace) -> int:
+    _installReactor(args.reactor)
+    from twisted.internet.defer import Deferred
+    from twisted.internet.task import react
+
+    result: Dict[str, int] = {}
+
+    async def body(reactor: Any) -> None:
+        try:
+            result["status"] = await handler(reactor, args)
+        except CommandError as e:
+            result["status"] = _fail(str(e), e.status)
+
+    try:
+        react(lambda reactor: Deferred.fromCoroutine(body(reactor)))
+    except SystemExit:
+        pass
+    return result.get("status", 1)
 
 
 if __name__ == "__main__":

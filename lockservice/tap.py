@@ -321,6 +321,7 @@ def makeService(config: Options) -> IService:
             peerTimeout=config["peer-timeout"],
             endpointFor=_peerEndpoints(reactor, config) if tls is not None else None,
         )
+        cluster.eventSink = monitor.clusterEvent
         cluster.setServiceParent(root)
         root.cluster = cluster
     factory: IProtocolFactory = LockFactory(

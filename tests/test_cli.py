@@ -4,10 +4,10 @@ The lockservice command-line tool against a real node.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
-import time
 
 from lockservice.testing.harness import LineClient, freePort, twistdEnvironment, waitFor
 
@@ -68,25 +68,21 @@ def test_run_exits_75_when_wait_runs_out(spawn) -> None:  # type: ignore[no-unty
     assert got.returncode == 75
 
 
-def test_run_ctrl_c_passes_to_command_and_releases(spawn) -> None:  # type: ignore[no-untyped-def]
+def test_run_ctrl_c_passes_to_command_and_releases(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
     node = spawn()
+    started = tmp_path / "started"
+    child = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(60)"
     proc = subprocess.Popen(
         [sys.executable, "-m", "lockservice.cli", "run", "ctrl-c", "--addr", node.address,
-         "--", "sleep", "60"],
+         "--", sys.executable, "-c", child],
         env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     try:
-        def held() -> bool:
-            with LineClient(node.port) as c:
-                answer = c.ask(b"A ctrl-c 30 0.05")
-                if answer.startswith(b"A "):
-                    c.ask(b"R ctrl-c " + answer.split()[2])
-                    return False
-                return True
-        waitFor(held, 20, what="lock held by run")
-        time.sleep(0.3)  # let the child start
+        # The child runs only once the lock is held, and its signal
+        # handlers are Python's default (KeyboardInterrupt) once it runs.
+        waitFor(started.exists, 30, what="child started")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(20) == 128 + signal.SIGINT
+        assert proc.wait(20) in (1, 128 + signal.SIGINT)  # Python's KeyboardInterrupt exit
         with LineClient(node.port) as c:
             assert c.ask(b"A ctrl-c 30 1").startswith(b"A ctrl-c ")
     finally:
@@ -102,11 +98,62 @@ def test_unreachable_server_is_a_one_line_error() -> None:
     assert status.returncode == 69 and status.stderr.startswith(b"lockservice: cannot reach")
 
 
-def test_bad_arguments_exit_2() -> None:
-    assert cli("acquire", "k", "--lease", "abc").returncode == 2
-    assert cli("release", "k", "notatoken").returncode == 2
-    assert cli("run", "k").returncode == 2
-    assert cli("frobnicate").returncode == 2
+def test_bad_arguments_exit_2_with_one_line() -> None:
+    for args in [("acquire", "k", "--lease", "abc"), ("release", "k", "notatoken"),
+                 ("run", "k"), ("frobnicate",), ("acquire", "bad key"),
+                 ("acquire", "k", "--addr", "nohost"), ("release", "k"),
+                 ("acquire", "k", "--tls-ca", "/nonexistent/ca.pem"),
+                 ("acquire", "k", "--tls-cert", "c.pem")]:
+        got = cli(*args)
+        assert got.returncode == 2, (args, got)
+        assert got.stdout == b"", args
+        assert got.stderr.startswith(b"lockservice: "), (args, got.stderr)
+        assert got.stderr.count(b"\n") == 1, (args, got.stderr)
+
+
+def test_no_arguments_prints_help_and_exits_2() -> None:
+    got = cli()
+    assert got.returncode == 2
+    assert got.stdout.startswith(b"usage: lockservice")
+    for command in (b"acquire", b"release", b"run", b"shell", b"events", b"status"):
+        assert command in got.stdout
+    assert b"exit statuses" in got.stdout
+
+
+def test_version() -> None:
+    from lockservice import __version__
+
+    got = cli("--version")
+    assert (got.returncode, got.stdout) == (0, f"lockservice {__version__}\n".encode())
+
+
+def test_shell_sends_typed_lines_and_prints_answers(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    got = subprocess.run(
+        [sys.executable, "-m", "lockservice.cli", "shell", node.address],
+        input=b"P hello\nA shell/k 30 0\nbogus\n\nA shell/k 30 0\n",
+        capture_output=True, timeout=60, env=twistdEnvironment(),
+    )
+    assert got.returncode == 0, got.stderr
+    lines = got.stdout.decode().splitlines()
+    assert "P hello" in lines
+    granted = [line for line in lines if line.startswith("A shell/k ")]
+    assert len(granted) == 1 and granted[0].split()[2].isdigit()
+    assert any(line.startswith("E ") for line in lines)
+    # The second acquire queued behind the first; end of input withdrew it,
+    # so the key is free again as soon as the first grant is released.
+    with LineClient(node.port) as c:
+        assert c.ask(b"R shell/k " + granted[0].split()[2].encode()) == b"R shell/k OK"
+        assert c.ask(b"A shell/k 30 1").startswith(b"A shell/k ")
+
+
+def test_shell_to_nowhere_is_a_one_line_error() -> None:
+    got = subprocess.run(
+        [sys.executable, "-m", "lockservice.cli", "shell", f"127.0.0.1:{freePort()}"],
+        input=b"", capture_output=True, timeout=60, env=twistdEnvironment(),
+    )
+    assert got.returncode == 69
+    assert got.stderr.startswith(b"lockservice: cannot reach") and got.stderr.count(b"\n") == 1
 
 
 def test_status_table(spawn) -> None:  # type: ignore[no-untyped-def]
@@ -119,3 +166,174 @@ def test_status_table(spawn) -> None:  # type: ignore[no-untyped-def]
     out = got.stdout.decode()
     assert "role         active" in out
     assert "held keys    1" in out
+
+
+def _runLocked(node, key: str, tmp_path, extra: list, child: str):  # type: ignore[no-untyped-def]
+    """
+    Start C{lockservice run KEY ... -- python -c CHILD}; the child writes
+    its token to a file first.  Returns (process, token file).
+    """
+    tokenFile = tmp_path / f"{key.replace('/', '_')}.token"
+    script = (f"import os, pathlib, signal, time; "
+              f"pathlib.Path({str(tokenFile)!r}).write_text(os.environ['LOCKSERVICE_TOKEN']); "
+              + child)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lockservice.cli", "run", key, "--addr", node.address,
+         *extra, "--", sys.executable, "-c", script],
+        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    waitFor(lambda: tokenFile.exists() and tokenFile.read_text(), 30, what="child started")
+    return proc, tokenFile
+
+
+def test_run_renews_the_lock_while_the_command_runs(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    done = tmp_path / "done"
+    proc, tokenFile = _runLocked(node, "run/renewed", tmp_path, ["--lease", "1"],
+                                 f"time.sleep(3.5); pathlib.Path({str(done)!r}).touch()")
+    try:
+        token = tokenFile.read_text().encode()
+        # Well past the 1 s lease, the key stays held until the child is
+        # done (it writes "done" before it exits, so before run releases).
+        with LineClient(node.port) as c:
+            while True:
+                answer = c.ask(b"A run/renewed 30 0.2")
+                if answer.startswith(b"A "):
+                    assert done.exists(), "the key was free while the command ran"
+                    c.ask(b"R run/renewed " + answer.split()[2])
+                    break
+                assert answer == b"T run/renewed", answer
+        assert proc.wait(30) == 0, proc.stderr.read()  # type: ignore[union-attr]
+        with LineClient(node.port) as c:
+            assert c.ask(b"R run/renewed " + token) == b"R run/renewed STALE"  # released
+    finally:
+        proc.kill()
+
+
+def test_run_stops_the_command_when_the_lock_is_lost(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    proc, tokenFile = _runLocked(node, "run/lost", tmp_path, ["--lease", "3"],
+                                 "time.sleep(60)")
+    try:
+        with LineClient(node.port) as c:
+            # Someone else frees the key: the next renewal answers STALE.
+            token = tokenFile.read_text().encode()
+            assert c.ask(b"R run/lost " + token) == b"R run/lost OK"
+        status = proc.wait(30)
+        stderr = proc.stderr.read().decode()  # type: ignore[union-attr]
+        assert status == 74, stderr
+        assert stderr.count("\n") == 1 and "lost the lock" in stderr and "STALE" in stderr
+    finally:
+        proc.kill()
+
+
+def test_run_kills_a_command_that_ignores_sigterm_after_the_grace(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    proc, tokenFile = _runLocked(
+        node, "run/stubborn", tmp_path, ["--lease", "3", "--grace", "1"],
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")
+    try:
+        with LineClient(node.port) as c:
+            token = tokenFile.read_text().encode()
+            assert c.ask(b"R run/stubborn " + token) == b"R run/stubborn OK"
+        assert proc.wait(30) == 74
+    finally:
+        proc.kill()
+
+
+def test_cli_runs_under_the_asyncio_reactor(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    got = cli("--reactor", "asyncio", "run", "asyncio/run", "--lease", "1", "--addr",
+              node.address, "--", sys.executable, "-c",
+              "import os, time; time.sleep(2.5); print(os.environ['LOCKSERVICE_TOKEN'])")
+    assert got.returncode == 0, got.stderr
+    token = got.stdout.strip()
+    assert token.isdigit()
+    with LineClient(node.port) as c:
+        # Renewed past its 1 s lease while the command ran, released after.
+        assert c.ask(b"R asyncio/run " + token) == b"R asyncio/run STALE"
+    acquired = cli("--reactor", "asyncio", "acquire", "asyncio/k", "--addr", node.address)
+    assert acquired.returncode == 0, acquired.stderr
+    assert cli("--reactor", "asyncio", "release", "asyncio/k", acquired.stdout.decode().strip(),
+               "--addr", node.address).stdout == b"OK\n"
+
+
+def test_events_and_force_release_against_a_real_node(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    httpPort = freePort()
+    secret = tmp_path / "admin-secret"
+    secret.write_text("s3cret\n")
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1",
+                       "--admin-secret", str(secret)])
+    http = f"http://127.0.0.1:{httpPort}"
+    holder = LineClient(node.port)
+    waiter = LineClient(node.port)
+    try:
+        holder.ask(b"I billing-worker-1")
+        oldToken = holder.ask(b"A payroll 30 0").split()[2]
+        waiter.ask(b"I billing-worker-2")
+        waiter.send(b"A payroll 30 0\n")
+        wrong = tmp_path / "wrong"
+        wrong.write_text("nope")
+        refused = cli("release", "--force", "payroll", "--reason", "stuck", "--http", http,
+                      "--admin-secret", str(wrong))
+        assert refused.returncode == 77 and b"wrong admin secret" in refused.stderr
+        noReason = cli("release", "--force", "payroll", "--http", http,
+                       "--admin-secret", str(secret))
+        assert noReason.returncode == 2
+        # The waiter must be queued before the force-release hands it over.
+        waitFor(lambda: b'"waiters": 1' in cli("status", http, "--json").stdout, 20,
+                what="waiter queued")
+        forced = cli("release", "--force", "payroll", "--reason", "job stuck since Monday",
+                     "--http", http, "--admin-secret", str(secret))
+        assert forced.returncode == 0, forced.stderr
+        out = forced.stdout.decode()
+        assert out.startswith(f"released payroll (token {oldToken.decode()}); handed to the "
+                              "next waiter with token ")
+        assert out.endswith("; reason: job stuck since Monday\n")
+        newToken = waiter.readline().split()[2]
+        assert int(newToken) > int(oldToken) and newToken.decode() in out
+        # The old holder is fenced: its release is STALE now.
+        assert holder.ask(b"R payroll " + oldToken) == b"R payroll STALE"
+        missing = cli("release", "--force", "nothing-here", "--reason", "x", "--http", http,
+                      "--admin-secret", str(secret))
+        assert missing.returncode == 1 and b"not held" in missing.stderr
+
+        events = cli("events", "payroll", "--http", http)
+        assert events.returncode == 0, events.stderr
+        lines = events.stdout.decode().splitlines()
+        types = [line.split()[2] for line in lines]
+        assert types[:2] == ["grant", "force-release"], lines
+        assert f"token={oldToken.decode()}" in lines[0] and "who=billing-worker-1" in lines[0]
+        assert "job stuck since Monday" in lines[1]
+        assert any(t == "grant" and "who=billing-worker-2" in line
+                   for t, line in zip(types, lines))
+        raw = cli("events", "--json", "--http", http, "--since", "0")
+        parsed = [json.loads(line) for line in raw.stdout.decode().splitlines()]
+        assert {e["type"] for e in parsed} >= {"grant", "force-release"}
+        assert all(e["key"] == "payroll" for e in parsed if e["key"] is not None)
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_events_follow_prints_new_events_as_they_come(spawn) -> None:  # type: ignore[no-untyped-def]
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lockservice.cli", "events", "--follow", "--interval", "0.2",
+         "follow/k", "--http", f"http://127.0.0.1:{httpPort}"],
+        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        with LineClient(node.port) as c:
+            c.ask(b"I follower")
+            token = c.ask(b"A follow/k 30 0").split()[2]
+            c.ask(b"A other/k 30 0")
+            c.ask(b"R follow/k " + token)
+        assert proc.stdout is not None
+        first = proc.stdout.readline().decode()
+        second = proc.stdout.readline().decode()
+        assert " grant " in first and "follow/k" in first and "who=follower" in first
+        assert " release " in second and "follow/k" in second
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0

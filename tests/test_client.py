@@ -608,3 +608,24 @@ def test_name_is_sent_first_on_every_connection_and_reconnection() -> None:
 def test_invalid_name_is_refused() -> None:
     with pytest.raises(ValueError):
         connect(Clock(), ["a:1"], endpointFor=Network().endpointFor, name="two words")
+
+
+def test_request_resent_after_a_drop_never_goes_to_the_dead_connection() -> None:
+    """
+    The re-send runs synchronously inside connectionLost: the dying
+    connection must already be out of the rotation (a failover test hung
+    on this: the re-sent acquire was written to the dead socket).
+    """
+    clock, net, client = makeClient(["a:1", "b:2"])
+    s1, s2 = net.connections
+    net.down["b:2"] = True
+    s2.drop()
+    d = client.acquire("k", 30, 0)
+    assert s1.sent() == [b"A k 30 0"]
+    s1.drop()
+    assert s1.sent() == []
+    clock.advance(0)  # a:1 redialled
+    fresh = net.connections[-1]
+    assert fresh is not s1 and fresh.sent() == [b"A k 30 0"]
+    fresh.answer(b"A k 4")
+    assert result(d).token == 4

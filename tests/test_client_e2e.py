@@ -5,17 +5,56 @@ TCP proxy between them.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
 
 from lockservice.client.api import LockTimeout, connect
+from lockservice.testing.harness import freePort
 from lockservice.testing.proxy import FaultProxy
 
 
-def sleep(seconds: float):  # type: ignore[no-untyped-def]
-    return deferLater(reactor, seconds, lambda: None)
+async def until(predicate, timeout: float = 20.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """
+    Poll C{predicate} (which may return a Deferred) without blocking the
+    reactor, until it gives something truthy; return that.
+    """
+    deadline = reactor.seconds() + timeout
+    while True:
+        value = predicate()
+        if isinstance(value, Deferred) or inspect.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if reactor.seconds() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout}s")
+        await deferLater(reactor, 0.02, lambda: None)
+
+
+def httpNode(spawn):  # type: ignore[no-untyped-def]
+    port = freePort()
+    node = spawn(args=["--http", f"tcp:{port}:interface=127.0.0.1"])
+    node.statusURL = f"http://127.0.0.1:{port}/status"
+    return node
+
+
+async def waiters(node) -> int:  # type: ignore[no-untyped-def]
+    """
+    How many acquires the node has queued (its /status).
+    """
+    import treq
+
+    response = await treq.get(node.statusURL)
+    return int((await response.json())["waiters"])
+
+
+async def queued(node, count: int) -> bool:  # type: ignore[no-untyped-def]
+    return await waiters(node) == count
 
 
 @pytest_twisted.ensureDeferred
@@ -38,7 +77,7 @@ async def test_acquire_release_and_timeout_against_real_node(spawn) -> None:  # 
 
 @pytest_twisted.ensureDeferred
 async def test_connection_cut_mid_acquire_moves_to_next_connection(spawn) -> None:  # type: ignore[no-untyped-def]
-    node = spawn()
+    node = httpNode(spawn)
     proxy = FaultProxy(reactor, "127.0.0.1", node.port)
     await proxy.start()
     holder = connect(reactor, [node.address])
@@ -48,10 +87,13 @@ async def test_connection_cut_mid_acquire_moves_to_next_connection(spawn) -> Non
         await waiter.whenConnected()
         held = await holder.acquire("k", 30, 0)
         pending = waiter.acquire("k", 30, 0)
-        await sleep(0.3)
+        await until(lambda: queued(node, 1), what="queued")
         assert not pending.called
         assert proxy.cutBusy() == 1
-        await sleep(0.5)
+        # The cut request was withdrawn, and the client queued it again on
+        # its other connection.
+        await until(lambda: any(link.bytesUp for link in proxy.links), what="re-sent")
+        await until(lambda: queued(node, 1), what="requeued")
         assert not pending.called
         assert await holder.release(held) is True
         lock = await pending
@@ -67,7 +109,7 @@ async def test_connection_cut_mid_acquire_moves_to_next_connection(spawn) -> Non
 
 @pytest_twisted.ensureDeferred
 async def test_cancelled_acquire_does_not_leak_lock(spawn) -> None:  # type: ignore[no-untyped-def]
-    node = spawn()
+    node = httpNode(spawn)
     client = connect(reactor, [node.address])
     other = connect(reactor, [node.address])
     try:
@@ -75,12 +117,13 @@ async def test_cancelled_acquire_does_not_leak_lock(spawn) -> None:  # type: ign
         await other.whenConnected()
         held = await client.acquire("k", 30, 0)
         pending = other.acquire("k", 30, 0)
-        await sleep(0.2)
+        await until(lambda: queued(node, 1), what="queued")
         pending.cancel()
         await client.release(held)
         # The late grant to the cancelled acquire is released at once, so a
         # third acquire gets the key promptly (not after a 30 s lease).
         third = await client.acquire("k", 30, 5)
+        assert third.token > held.token
         await client.release(third)
     finally:
         await client.close()
@@ -107,20 +150,18 @@ def test_documented_example_runs_against_a_local_node(spawn) -> None:  # type: i
 @pytest.mark.slow
 @pytest_twisted.ensureDeferred
 async def test_client_follows_redirects_and_survives_failover(cluster) -> None:  # type: ignore[no-untyped-def]
-    from lockservice.testing.harness import activeNodes, waitFor
+    from lockservice.testing.harness import activeNodes
 
     c = cluster(3)
     first, second, third = c.nodes
-    await deferLater(reactor, 0, lambda: None)
-    waitFor(lambda: [n.port for n in activeNodes(c.nodes)] == [first.port], 10,
-            what="node0 active")
+    await until(lambda: deferToThread(activeNodes, c.nodes).addCallback(
+        lambda active: [n.port for n in active] == [first.port]), 10, what="node0 active")
     # Only standbys listed first: the client must follow M to the active.
     client = connect(reactor, [third.address, second.address, first.address])
     try:
         await client.whenConnected()
         locks = [await client.acquire(f"k{i}", 30, 5) for i in range(6)]
         first.kill()
-        await sleep(0.2)
         after = await client.acquire("after-failover", 30, 10)
         assert after.token > max(lock.token for lock in locks)
         # Locks granted before the failover are still held on the successor.
@@ -129,3 +170,29 @@ async def test_client_follows_redirects_and_survives_failover(cluster) -> None: 
         assert await client.release(locks[0]) is True
     finally:
         await client.close()
+
+
+def test_asyncio_application_takes_renews_and_releases_a_lock(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    examples/asyncio_app.py: asyncio code on Twisted's asyncio reactor,
+    awaiting the client through Deferred.asFuture.  Run as a subprocess:
+    this pytest process already has its reactor installed.
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lockservice.testing.harness import LineClient, twistdEnvironment
+
+    node = spawn()
+    example = Path(__file__).resolve().parent.parent / "examples" / "asyncio_app.py"
+    out = subprocess.run([sys.executable, str(example), node.address],
+                         capture_output=True, timeout=120, env=twistdEnvironment())
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    lines = out.stdout.decode().splitlines()
+    assert lines[0].startswith("acquired examples/asyncio, token ")
+    assert lines[1].startswith("still held after 5 s: renewed by the keep-alive")
+    assert lines[2:] == ["renewed by hand: True", "released: True"]
+    token = lines[0].rsplit(" ", 1)[1].encode()
+    with LineClient(node.port) as c:
+        assert c.ask(b"R examples/asyncio " + token) == b"R examples/asyncio STALE"

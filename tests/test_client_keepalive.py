@@ -11,8 +11,8 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from lockservice.client import Lock, LockLost
-from tests.test_client import Network, makeClient, result
+from lockservice.client import Lock, LockLost, ReleaseFailed
+from tests.test_client import Network, failureOf, makeClient, result
 
 
 def grant(clock: Clock, net: Network, d: "Deferred[Lock]", token: int = 7,
@@ -122,10 +122,11 @@ def test_release_during_a_renewal_retry_sends_no_more_renewals() -> None:
     first = net.carrier()
     assert first.sent() == [b"N k 7 30"]
     first.drop()  # the renewal is now being retried every 200 ms
-    client.release(lock)
+    released = client.release(lock)
     seen = run(clock, net, 100, answer=False)
     assert [line for _, line in seen if line.startswith(b"N")] == []
     assert not lock.lost.called
+    assert failureOf(released).check(ReleaseFailed)  # nobody answered the R
 
 
 def test_cancelled_acquire_never_renews() -> None:

@@ -231,3 +231,31 @@ def test_kill_9_right_after_the_answers_loses_nothing_a_client_saw(cluster) -> N
     assert not isHeld(node1.port, b"released")
     for i in (0, 50, 99):
         assert isHeld(node1.port, b"k%d" % i)
+
+
+def _renewedSurvives(c, move) -> None:  # type: ignore[no-untyped-def]
+    """
+    Grant with a 2 s lease, renew it to 60 s, move the active role with
+    C{move}, and check the successor still holds the key after the first
+    lease would have run out.
+    """
+    node0, node1 = c.nodes[0], c.nodes[1]
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    granted = time.monotonic()
+    token = grant(node0.port, b"renewed", b"2")
+    with LineClient(node0.port) as conn:
+        assert conn.ask(b"N renewed %d 60" % token) == b"N renewed OK"
+    move(node0)
+    waitFor(lambda: probeRole(node1.port) == "active", 10, what="node1 active")
+    waitFor(lambda: time.monotonic() - granted > 3, 10, what="the first lease ran out")
+    assert isHeld(node1.port, b"renewed")
+    with LineClient(node1.port) as conn:
+        assert conn.ask(b"R renewed %d" % token) == b"R renewed OK"
+
+
+def test_renewed_lease_survives_kill_9_failover(cluster) -> None:  # type: ignore[no-untyped-def]
+    _renewedSurvives(cluster(2), lambda node: node.kill())
+
+
+def test_renewed_lease_survives_graceful_handoff(cluster) -> None:  # type: ignore[no-untyped-def]
+    _renewedSurvives(cluster(2), lambda node: node.interrupt(15))

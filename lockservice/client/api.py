@@ -237,16 +237,18 @@ class LockClient:
             return self.pools[0]
         return self.pools[sharding.choose(self.clusterIds, rawKey)]
 
-    def whenConnected(self, timeout: float = 10.0) -> "Deferred[None]":
+    def whenConnected(self, timeout: float = 10.0, failFast: bool = False) -> "Deferred[None]":
         """
         Fires once every cluster has a connection up; fails with
-        L{NoConnection} (naming the last connection error) after C{timeout}.
+        L{NoConnection} (naming the last connection error) after C{timeout},
+        or with C{failFast} as soon as every connection of a cluster has
+        failed an attempt (a command-line tool need not wait for retries).
         """
         deadline = self.clock.seconds() + timeout
 
         async def all_up() -> None:
             for pool in self.pools:
-                await pool.whenConnected(max(deadline - self.clock.seconds(), 0))
+                await pool.whenConnected(max(deadline - self.clock.seconds(), 0), failFast)
 
         return Deferred.fromCoroutine(all_up())
 

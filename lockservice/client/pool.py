@@ -26,6 +26,8 @@ RECONNECT_INTERVAL = 3.0
 # A connection closed to follow a redirect is given this long to deliver the
 # answers already on their way before it is cut.
 RETIRE_TIMEOUT = 2.0
+# A TLS connection must answer its first request within this.
+READY_TIMEOUT = 5.0
 
 
 def _why(reason: Failure) -> str:
@@ -67,7 +69,7 @@ class Slot:
         except Exception:
             d = Deferred()
             d.errback()
-        d.addCallback(lambda _: protocol.ready)
+        d.addCallback(lambda _: self._whenReady(protocol))
         d.addCallbacks(self._connected, lambda f: self._failed(f, address))
         # Closed before the handshake finished: a failed attempt.
         def lostEarly(_: None) -> None:
@@ -76,6 +78,28 @@ class Slot:
                 protocol.ready.errback(protocol.lostReason)
 
         protocol.lost.addCallback(lostEarly)
+
+    def _whenReady(self, protocol: LockClientProtocol) -> "Deferred[LockClientProtocol]":
+        """
+        C{protocol.ready}, but a connection not ready within
+        L{READY_TIMEOUT} (a TLS node that never answers) is cut: a failed
+        attempt.
+        """
+        if protocol.isReady:
+            return protocol.ready
+
+        def tooSlow() -> None:
+            if not protocol.isReady and protocol.transport is not None:
+                protocol.transport.abortConnection()  # type: ignore[attr-defined]
+
+        call = self.pool.clock.callLater(READY_TIMEOUT, tooSlow)
+
+        def settled(result: object) -> object:
+            if call.active():
+                call.cancel()
+            return result
+
+        return protocol.ready.addBoth(settled)  # type: ignore[return-value]
 
     def _connected(self, protocol: LockClientProtocol) -> None:
         self.connecting = False
@@ -99,6 +123,7 @@ class Slot:
         self.address = self.home
         if not self.pool.closed:
             self._scheduleRetry(RECONNECT_INTERVAL)
+            self.pool._attemptFailed()
         waiting, self.waitingForConnection = self.waitingForConnection, []
         for d in waiting:
             d.errback(NoConnection(f"cannot connect to {self.lastError}"))
@@ -174,6 +199,7 @@ class Pool:
         self.closed = False
         self._next = 0
         self._readyWaiters: List["Deferred[None]"] = []
+        self._failFast: List["Deferred[None]"] = []
         self._retiring: "dict[LockClientProtocol, IDelayedCall]" = {}
 
     def start(self) -> None:
@@ -200,10 +226,11 @@ class Pool:
         errors = [s.lastError for s in self.slots if s.lastError]
         return errors[-1] if errors else "not connected yet"
 
-    def whenConnected(self, timeout: float) -> "Deferred[None]":
+    def whenConnected(self, timeout: float, failFast: bool = False) -> "Deferred[None]":
         """
         Fires once a connection is up; fails with L{NoConnection} (saying
-        why the last attempt failed) after C{timeout} seconds.
+        why the last attempt failed) after C{timeout} seconds -- or, with
+        C{failFast}, once every connection has failed an attempt.
         """
         if self.up:
             return succeed(None)
@@ -217,7 +244,12 @@ class Pool:
                 self._readyWaiters.remove(d)
                 d.errback(NoConnection(
                     f"no connection to {', '.join(map(str, self.homes))} "
-                    f"within {timeout:g} s (last error: {self.lastError()})"))
+                    f"within {timeout:.1f} s (last error: {self.lastError()})"))
+
+        if failFast:
+            self._failFast.append(d)
+            if self._allFailed():
+                self._attemptFailed()
 
         call = self.clock.callLater(timeout, expire)
 
@@ -229,6 +261,18 @@ class Pool:
         d.addBoth(settled)
         return d
 
+    def _allFailed(self) -> bool:
+        return all(s.lastError and not s.up and not s.connecting for s in self.slots)
+
+    def _attemptFailed(self) -> None:
+        if not self._failFast or not self._allFailed():
+            return
+        waiting, self._failFast = self._failFast, []
+        for d in waiting:
+            if d in self._readyWaiters:
+                self._readyWaiters.remove(d)
+                d.errback(NoConnection(f"cannot connect to {self.lastError()}"))
+
     async def _closedError(self) -> None:
         raise NoConnection("client closed")
 
@@ -237,6 +281,7 @@ class Pool:
             self._readyWaiters.remove(d)
 
     def _slotUp(self) -> None:
+        self._failFast = []
         waiters, self._readyWaiters = self._readyWaiters, []
         for d in waiters:
             d.callback(None)

@@ -14,10 +14,9 @@ from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IHandshakeListener, INegotiated
+from twisted.internet.interfaces import INegotiated
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from lockservice.client.errors import ConnectionDropped
 from lockservice.tcp import noDelay
@@ -42,19 +41,22 @@ def pairOf(fields: Fields) -> Optional[Tuple[bytes, bytes]]:
     return None
 
 
-@implementer(IHandshakeListener)
 class LockClientProtocol(LineOnlyReceiver):
     """
     One connection.  C{ready} fires when requests may be sent: at once on
-    plain TCP, after the handshake on TLS (a failed handshake closes the
-    connection before C{ready}, which the pool counts as a failed connection
-    attempt, not as a drop).  C{lost} fires when the connection is closed.
+    plain TCP; on TLS once the node has answered a first request (C{I name},
+    or a C{P} when unnamed).  Over TLS 1.3 a client learns that the node
+    refused its certificate only after its side of the handshake is done,
+    so "handshake completed" would count a refused connection as up.  A
+    connection closed before C{ready} is a failed connection attempt for
+    the pool, not a drop.  C{lost} fires when the connection is closed.
 
     @ivar name: sent as C{I <name>} first on the connection, when given.
     """
 
     delimiter = b"\n"
     MAX_LENGTH = 65536
+    PROBE = b"lockservice-client"
 
     def __init__(self, name: Optional[bytes] = None) -> None:
         self._pending: Dict[Tuple[bytes, bytes], Deque["Deferred[Fields]"]] = {}
@@ -67,15 +69,19 @@ class LockClientProtocol(LineOnlyReceiver):
 
     def connectionMade(self) -> None:
         noDelay(self.transport)
+        tls = INegotiated.providedBy(self.transport)
+        first: "Optional[Deferred[Fields]]" = None
         if self.name is not None:
-            # Written before the TLS handshake completes is fine: TLS
-            # buffers it.  The answer only confirms; nothing waits for it.
-            self.request(b"I", self.name, b"I " + self.name + b"\n").addErrback(lambda f: None)
-        if not INegotiated.providedBy(self.transport):
+            # The answer only confirms; nothing waits for it on plain TCP.
+            first = self.request(b"I", self.name, b"I " + self.name + b"\n")
+        elif tls:
+            first = self.request(b"P", self.PROBE, b"P " + self.PROBE + b"\n")
+        if tls and first is not None:
+            first.addCallback(lambda _: self._becomeReady())
+        if first is not None:
+            first.addErrback(lambda f: None)
+        if not tls:
             self._becomeReady()
-
-    def handshakeCompleted(self) -> None:
-        self._becomeReady()
 
     def _becomeReady(self) -> None:
         if not self.isReady:
@@ -92,6 +98,9 @@ class LockClientProtocol(LineOnlyReceiver):
         with L{ConnectionDropped}.
         """
         d: "Deferred[Fields]" = Deferred()
+        if self.lostReason is not None:
+            d.errback(ConnectionDropped(str(self.lostReason.value)))
+            return d
         self._pending.setdefault((op, key), deque()).append(d)
         self.transport.write(line)  # type: ignore[union-attr]
         return d
@@ -143,9 +152,11 @@ class LockClientProtocol(LineOnlyReceiver):
             self.transport.loseConnection()
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        # Tell the pool first, so that a request failed below and re-sent
+        # at once (synchronously) does not pick this connection again.
+        self.lostReason = reason
+        self.lost.callback(None)
         pending, self._pending = self._pending, {}
         for queue in pending.values():
             for d in queue:
                 d.errback(ConnectionDropped(str(reason.value)))
-        self.lostReason = reason
-        self.lost.callback(None)

@@ -1,0 +1,334 @@
+"""
+The cluster layer in-process: replication stream, merge on heal,
+liveness and handoff, with StringTransport links and a task.Clock (no
+sockets, no sleeping).
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from twisted.internet.error import ConnectionLost
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+
+from lockservice.cluster import handoff, replication
+from lockservice.cluster.node import Cluster
+from lockservice.cluster.peer import PeerChannel
+from lockservice.core.election import ACTIVE, HANDING_OFF, STANDBY, SYNCING
+from lockservice.server.protocol import LockFactory
+from lockservice.server.service import LockService
+
+PEERS = ["10.0.0.1:7701", "10.0.0.2:7702", "10.0.0.3:7703"]
+NOW_US = 1_800_000_000_000_000
+
+
+class Transport(StringTransport):
+    """
+    A StringTransport that also logs, in one shared list, what was written
+    where and in which order.
+    """
+
+    def __init__(self, name: str, log: List[Tuple[str, bytes]]) -> None:
+        super().__init__()
+        self.name = name
+        self.log = log
+
+    def write(self, data: bytes) -> None:
+        self.log.append((self.name, data))
+        super().write(data)
+
+
+class Lab:
+    def __init__(self, me: int = 0) -> None:
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.wall = NOW_US
+        self.log: List[Tuple[str, bytes]] = []
+        self.locks = LockService(self.clock, lambda: self.wall)
+        self.cluster = Cluster(None, self.locks, PEERS, PEERS[me], b"s3cret",
+                               wallMicros=lambda: self.wall)
+
+    def link(self, j: int, outbound: bool) -> PeerChannel:
+        """
+        An authenticated link to peer C{j}, as the handshake leaves it.
+        """
+        t = Transport(f"{'out' if outbound else 'in'}{j}", self.log)
+        channel = PeerChannel(self.cluster, t, outbound=outbound, remote=j)
+        channel._cancelTimeout()
+        channel.authenticated = True
+        self.cluster.channelUp(channel)
+        t.clear()
+        return channel
+
+    def hear(self, channel: PeerChannel, *lines: bytes) -> None:
+        channel.dataReceived(b"".join(line + b"\n" for line in lines))
+
+    def client(self) -> Transport:
+        factory = LockFactory(self.locks)
+        protocol = factory.buildProtocol(None)
+        t = Transport("client", self.log)
+        protocol.makeConnection(t)
+        self.protocol = protocol
+        return t
+
+    def ask(self, line: bytes) -> bytes:
+        self.protocol.dataReceived(line + b"\n")
+        answer: bytes = self.protocol.transport.value()  # type: ignore[union-attr]
+        self.protocol.transport.clear()  # type: ignore[union-attr]
+        return answer
+
+
+def lines(channel: PeerChannel) -> List[bytes]:
+    t = channel.transport
+    data = t.value()  # type: ignore[attr-defined]
+    t.clear()  # type: ignore[attr-defined]
+    return [line for line in data.split(b"\n") if line]
+
+
+def activeWithFollower(lab: Lab) -> PeerChannel:
+    lab.cluster.term = NOW_US
+    lab.cluster.setRole(ACTIVE)
+    follower = lab.link(1, outbound=False)
+    lab.hear(follower, b"SYNC")
+    producer = follower.snapshot
+    while producer is not None and not producer.stopped:
+        producer.resumeProducing()
+    assert lines(follower)[-1] == b"SNAPEND" and follower.synced
+    return follower
+
+
+# -- replicate before answer -------------------------------------------------
+
+
+def test_changes_reach_the_standby_before_the_client_hears() -> None:
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    client = lab.client()
+    lab.log.clear()
+    granted = lab.ask(b"A k 30 0")
+    assert granted.startswith(b"A k ")
+    token = granted.split()[2].strip()
+    assert lab.ask(b"N k " + token + b" 60") == b"N k OK\n"
+    assert lab.ask(b"R k " + token) == b"R k OK\n"
+    where = [name for name, _ in lab.log]
+    # Each answer comes after the change went to the follower.
+    assert where == ["in1", "client"] * 3, lab.log
+    stream = lines(follower)
+    assert [line.split()[0] for line in stream] == [b"G", b"G", b"D"]
+    assert stream[1].split()[3] == b"60000000"  # the renewal's new lease
+    assert client is lab.protocol.transport
+
+
+def test_a_turn_of_changes_goes_in_one_write() -> None:
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    lab.client()
+    lab.log.clear()
+    lab.protocol.dataReceived(b"".join(b"A k%d 30 0\n" % i for i in range(50)))
+    assert [name for name, _ in lab.log] == ["in1", "client"]
+    assert len(lines(follower)) == 50
+
+
+def test_an_expiry_with_no_answer_leaves_in_the_same_turn() -> None:
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    lab.client()
+    lab.ask(b"A k 5 0")
+    lines(follower)
+    lab.clock.advance(5)
+    lab.clock.advance(0)
+    assert [line.split()[0] for line in lines(follower)] == [b"D"]
+
+
+# -- applying the stream -----------------------------------------------------
+
+
+def following(lab: Lab, leader: int = 0) -> PeerChannel:
+    channel = lab.link(leader, outbound=True)
+    lab.hear(channel, b"HB %d active - 5" % NOW_US)
+    assert lab.cluster.leader == leader
+    assert b"SYNC" in lines(channel)
+    return channel
+
+
+def test_a_standby_applies_snapshot_and_stream_with_ages_and_term() -> None:
+    lab = Lab(me=1)
+    leader = following(lab)
+    lab.hear(leader, b"SNAP %d 42" % NOW_US, b"H a 7 10000000 3000000",
+             b"H b 8 20000000 0", b"SNAPEND", b"G c 9 5000000 0", b"D b 8")
+    assert lab.cluster.role == STANDBY
+    assert lab.cluster.term == NOW_US  # a standby shows its active's term
+    held = dict(lab.locks.heldKeys())
+    assert sorted(held) == [b"a", b"c"]
+    now = lab.clock.seconds()
+    assert held[b"a"].expiresAt == now + 10 and held[b"a"].grantedAt == now - 3
+    assert lab.locks.lastToken() == 42
+
+
+def test_a_forged_huge_token_or_term_changes_nothing() -> None:
+    lab = Lab(me=1)
+    leader = following(lab)
+    before = lab.locks.lastToken()
+    top = 2**64 - 1
+    lab.hear(leader, b"HB 0 active - %d" % top, b"HB %d active - 1" % top,
+             b"SNAP %d 1" % top, b"G k %d 1000 0" % top)
+    assert lab.locks.lastToken() == before
+    assert lab.cluster.maxTerm < top and lab.cluster.views[0].term < top
+    assert dict(lab.locks.heldKeys()) == {}
+    # Within an hour of our clock is fine.
+    lab.hear(leader, b"HB %d active - %d" % (NOW_US, NOW_US + 3599 * 10**6))
+    assert lab.locks.lastToken() == NOW_US + 3599 * 10**6
+
+
+def test_stream_lines_from_a_non_leader_are_ignored() -> None:
+    lab = Lab(me=2)
+    following(lab, leader=0)
+    other = lab.link(1, outbound=True)
+    lab.hear(other, b"G k 9 5000000 0")
+    assert dict(lab.locks.heldKeys()) == {}
+
+
+# -- merge on heal -------------------------------------------------------------
+
+
+def test_the_winner_keeps_every_key_and_the_higher_token() -> None:
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    lab.client()
+    mine = int(lab.ask(b"A both 30 0").split()[2])
+    kept = int(lab.ask(b"A kept 30 0").split()[2])
+    lines(follower)
+    loser = lab.link(2, outbound=False)
+    lab.hear(loser, b"MERGE only-theirs 77 20000000 1000000",
+             b"MERGE both %d 30000000 0" % (mine + 1),
+             b"MERGE kept %d 30000000 0" % (kept - 1), b"SYNC")
+    held = dict(lab.locks.heldKeys())
+    assert held[b"only-theirs"].token == 77
+    assert held[b"both"].token == mine + 1
+    assert held[b"kept"].token == kept
+    # The merged keys reach the other standbys, and the old holder is stale.
+    assert sorted(line.split()[1] for line in lines(follower)) == [b"both", b"only-theirs"]
+    assert lab.ask(b"R both %d" % mine) == b"R both STALE\n"
+    # A merged lease runs on the winner.
+    lab.clock.advance(20)
+    assert b"only-theirs" not in dict(lab.locks.heldKeys())
+
+
+def test_a_node_that_steps_down_offers_its_keys_before_syncing() -> None:
+    lab = Lab(me=1)
+    lab.cluster.term = NOW_US
+    lab.cluster.setRole(ACTIVE)
+    lab.client()
+    token = int(lab.ask(b"A mine 30 0").split()[2])
+    higher = lab.link(0, outbound=True)
+    lab.hear(higher, b"HB %d active - 5" % (NOW_US + 1))
+    assert lab.cluster.role == STANDBY
+    sent = lines(higher)
+    merges = [line for line in sent if line.startswith(b"MERGE ")]
+    assert [m.split()[1:3] for m in merges] == [[b"mine", b"%d" % token]]
+    assert sent.index(merges[0]) < sent.index(b"SYNC")
+
+
+# -- liveness -------------------------------------------------------------------
+
+
+def test_a_reset_link_is_not_a_dead_peer_but_silence_is() -> None:
+    lab = Lab(me=1)
+    leader = following(lab)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND")
+    leader.connectionLost(Failure(ConnectionLost()))
+    lab.cluster.tick()
+    assert lab.cluster.views[0].alive and lab.cluster.role == STANDBY
+    lab.clock.advance(0.9)
+    lab.cluster.tick()
+    assert lab.cluster.role == STANDBY
+    lab.clock.advance(0.2)
+    lab.cluster.tick()
+    assert not lab.cluster.views[0].alive and lab.cluster.role == ACTIVE
+
+
+def test_a_silent_link_is_closed_for_a_redial() -> None:
+    lab = Lab(me=1)
+    leader = following(lab)
+    lab.clock.advance(0.5)
+    lab.cluster.tick()
+    assert not leader.transport.disconnecting  # type: ignore[attr-defined]
+    lab.clock.advance(0.6)
+    lab.cluster.tick()
+    assert leader.closing and 0 not in lab.cluster.links.outbound
+
+
+# -- snapshots ----------------------------------------------------------------------
+
+
+def test_a_snapshot_is_streamed_in_chunks_and_reads_current_state() -> None:
+    lab = Lab()
+    lab.cluster.term = NOW_US
+    lab.cluster.setRole(ACTIVE)
+    lab.client()
+    count = replication.SNAPSHOT_CHUNK * 2 + 10
+    lab.protocol.dataReceived(b"".join(b"A k%d 30 0\n" % i for i in range(count)))
+    tokenOfLast = lab.locks.table.holder(b"k%d" % (count - 1)).token  # type: ignore[union-attr]
+    follower = lab.link(1, outbound=False)
+    lab.hear(follower, b"SYNC")
+    assert lines(follower)[0].startswith(b"SNAP ")
+    producer = follower.snapshot
+    assert producer is not None
+    producer.resumeProducing()
+    assert len(lines(follower)) == replication.SNAPSHOT_CHUNK
+    # A release while the snapshot is under way goes out live, and the
+    # snapshot no longer sends that key.
+    assert lab.ask(b"R k%d %d" % (count - 1, tokenOfLast)).endswith(b"OK\n")
+    assert lines(follower) == [b"D k%d %d" % (count - 1, tokenOfLast)]
+    producer.resumeProducing()
+    producer.resumeProducing()
+    rest = lines(follower)
+    assert rest[-1] == b"SNAPEND" and len(rest) == replication.SNAPSHOT_CHUNK + 10
+    assert follower.synced
+
+
+# -- handoff ---------------------------------------------------------------------
+
+
+def test_one_successor_per_handoff() -> None:
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+    lab.cluster.handoffs.start(1, stopping=True)
+    assert lab.cluster.role == HANDING_OFF
+    sent = lines(follower)
+    term = int([line for line in sent if line.startswith(b"HANDOFF ")][0].split()[1])
+    assert term > NOW_US
+    # No TAKEN, but the successor is alive: keep waiting, never a second one.
+    for _ in range(int(handoff.HANDOFF_GIVE_UP / handoff.HANDOFF_CHECK) - 2):
+        lab.clock.advance(handoff.HANDOFF_CHECK)
+        lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+    assert lab.cluster.role == HANDING_OFF
+    # Its heartbeat shows it took over (the TAKEN was lost): done.
+    lab.hear(follower, b"HB %d active - 1" % term)
+    lab.clock.advance(handoff.HANDOFF_CHECK)
+    assert lab.cluster.role != ACTIVE and lab.cluster.handoffs.current is None
+
+
+def test_the_successor_takes_over_only_from_its_leader() -> None:
+    lab = Lab(me=1)
+    leader = following(lab)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"G k 9 30000000 0", b"SNAPEND")
+    other = lab.link(2, outbound=True)
+    lab.hear(other, b"HANDOFF %d" % (NOW_US + 5))
+    assert b"REFUSED %d" % (NOW_US + 5) in lines(other)
+    lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
+    assert b"TAKEN %d" % (NOW_US + 5) in lines(leader)
+    assert lab.cluster.role == ACTIVE and lab.cluster.term == NOW_US + 5
+    assert dict(lab.locks.heldKeys())[b"k"].token == 9
+
+
+def test_a_syncing_node_with_a_mismatched_peer_does_not_promote() -> None:
+    lab = Lab(me=1)
+    lab.cluster.handshakeFailed(0, outbound=True, why="secret mismatch")
+    lab.clock.advance(2.5)
+    lab.cluster.tick()
+    assert lab.cluster.role == SYNCING
+    assert lab.cluster.views[0].secretMismatch
