@@ -306,7 +306,7 @@ def test_events_and_force_release_against_a_real_node(spawn, tmp_path) -> None: 
         assert f"token={oldToken.decode()}" in lines[0] and "who=billing-worker-1" in lines[0]
         assert "job stuck since Monday" in lines[1]
         assert any(t == "grant" and "who=billing-worker-2" in line
-                   for t, line in zip(types, lines))
+                   for t, line in zip(types, lines, strict=True))
         raw = cli("events", "--json", "--http", http, "--since", "0")
         parsed = [json.loads(line) for line in raw.stdout.decode().splitlines()]
         assert {e["type"] for e in parsed} >= {"grant", "force-release"}
