@@ -261,6 +261,7 @@ def makeService(config: Options) -> IService:
             heartbeat=config["heartbeat"],
             peerTimeout=config["peer-timeout"],
         )
+        cluster.eventSink = monitor.clusterEvent
         cluster.setServiceParent(root)
         root.cluster = cluster
     factory = LockFactory(locks, cluster.acceptPeer if cluster is not None else None)

@@ -182,3 +182,28 @@ def test_options_read() -> None:
     options = Options()
     options.parseOptions(["--warn-hold", "2.5"])
     assert options["warn-hold"] == 2.5
+
+
+def test_cluster_events(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    Peer up/down and promotion come from the cluster layer into /events.
+    """
+    ports = [freePort(), freePort()]
+    c = cluster(2, start=False)
+    for node, port in zip(c.nodes, ports, strict=True):
+        node.args = [*node.args, "--http", f"tcp:{port}:interface=127.0.0.1"]
+    c.start()
+
+    def types(port: int) -> list:  # type: ignore[type-arg]
+        return [(e["type"], e["who"]) for e in get(port, "/events")["events"]]
+
+    first, second = c.nodes
+    waitFor(lambda: ("peer-up", first.address) in types(ports[1]), 15, what="peer-up seen")
+    first.kill()
+    waitFor(lambda: ("promotion", second.address) in types(ports[1]), 15, what="promotion")
+    events = get(ports[1], "/events")["events"]
+    kinds = [e["type"] for e in events]
+    assert kinds.index("peer-down") < kinds.index("promotion")
+    [promotion] = [e for e in events if e["type"] == "promotion"]
+    assert promotion["key"] is None and promotion["token"] is None
+    assert promotion["detail"].startswith("term ")

@@ -115,6 +115,8 @@ class Handoffs:
         cluster.setRole(ACTIVE)
         self.log.warn("took over from {peer} by handoff (term {term}) with {keys} held keys",
                       peer=cluster.name(j), term=term, keys=cluster.locks.heldCount())
+        cluster.eventSink("promotion", cluster.name(cluster.me),
+                          f"by handoff from {cluster.name(j)}, term {term}")
         channel.send(b"TAKEN %d" % term)
         cluster.broadcastHeartbeat()
 
@@ -130,6 +132,7 @@ class Handoffs:
         cluster.views[j].term = term
         cluster.setRole(LEAVING if attempt.stopping else STANDBY)
         self.log.warn("handed off to {peer} (term {term})", peer=cluster.name(j), term=term)
+        cluster.eventSink("handoff", cluster.name(j), f"handed off to it, term {term}")
         if not attempt.stopping:
             cluster.follow(j, merge=False)
         else:

@@ -84,6 +84,10 @@ class Cluster(Service):
         self.heartbeat = heartbeat
         self.peerTimeout = peerTimeout
         self.wallMicros = wallMicros
+        # The operator's event feed (promotion, handoff, peer-up/down):
+        # called as eventSink(type, who, detail); makeService connects it.
+        self.eventSink: Callable[[str, Optional[str], Optional[str]], object] = (
+            lambda type, who, detail: None)
         self.views: Dict[int, PeerView] = {
             j: PeerView() for j in range(len(peers)) if j != self.me
         }
@@ -239,8 +243,11 @@ class Cluster(Service):
         if alive:
             self.log.info("peer {peer} is up ({role}, term {term})", peer=self.name(j),
                           role=self.views[j].role, term=self.views[j].term)
+            self.eventSink("peer-up", self.name(j),
+                           f"{self.views[j].role}, term {self.views[j].term}")
         else:
             self.log.warn("lost peer {peer}", peer=self.name(j))
+            self.eventSink("peer-down", self.name(j), None)
 
     def heartbeatLine(self) -> bytes:
         leader = str(self.leader).encode() if self.leader is not None else b"-"
@@ -418,6 +425,8 @@ class Cluster(Service):
         self.setRole(ACTIVE)
         self.log.warn("promoted to active (term {term}) with {keys} held keys",
                       term=self.term, keys=self.locks.heldCount())
+        self.eventSink("promotion", self.name(self.me),
+                       f"term {self.term}, {self.locks.heldCount()} held keys")
         self.broadcastHeartbeat()
 
     def follow(self, j: int, merge: bool) -> None:
