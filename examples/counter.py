@@ -10,8 +10,7 @@ import sys
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater, react
 
-from lockservice.client import connect
-from lockservice.client import FenceGuard
+from lockservice.client import FenceGuard, connect
 
 counter = {"value": 0}
 guard = FenceGuard()

@@ -104,6 +104,13 @@ def _http(url: str, data: Optional[bytes] = None,
         raise CommandError(f"{url} did not answer JSON", EX_UNAVAILABLE) from None
 
 
+def _jsonBody(e: urllib.error.HTTPError) -> Dict[str, Any]:
+    try:
+        return dict(json.loads(e.read()))
+    except Exception:
+        return {}
+
+
 def fetchStatus(url: str) -> Dict[str, Any]:
     url = _baseURL(url)
     if not url.endswith("/status"):
@@ -210,6 +217,11 @@ def forceReleaseCommand(args: argparse.Namespace) -> int:
         if e.code == 403:
             raise CommandError("refused: the node has no --admin-secret configured",
                                EX_NOPERM) from None
+        if e.code == 409:
+            active = _jsonBody(e).get("active")
+            raise CommandError("this node is not active" + (
+                f"; its active serves HTTP elsewhere (client address {active})"
+                if active else ""), EX_UNAVAILABLE) from None
         raise CommandError(f"{url} answered {e.code} {e.reason}", EX_UNAVAILABLE) from None
     if args.json:
         print(json.dumps(answer))

@@ -4,6 +4,7 @@ The lockservice command-line tool against a real node.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -238,3 +239,101 @@ def test_run_kills_a_command_that_ignores_sigterm_after_the_grace(spawn, tmp_pat
         assert proc.wait(30) == 74
     finally:
         proc.kill()
+
+
+def test_cli_runs_under_the_asyncio_reactor(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    got = cli("--reactor", "asyncio", "run", "asyncio/run", "--lease", "1", "--addr",
+              node.address, "--", sys.executable, "-c",
+              "import os, time; time.sleep(2.5); print(os.environ['LOCKSERVICE_TOKEN'])")
+    assert got.returncode == 0, got.stderr
+    token = got.stdout.strip()
+    assert token.isdigit()
+    with LineClient(node.port) as c:
+        # Renewed past its 1 s lease while the command ran, released after.
+        assert c.ask(b"R asyncio/run " + token) == b"R asyncio/run STALE"
+    acquired = cli("--reactor", "asyncio", "acquire", "asyncio/k", "--addr", node.address)
+    assert acquired.returncode == 0, acquired.stderr
+    assert cli("--reactor", "asyncio", "release", "asyncio/k", acquired.stdout.decode().strip(),
+               "--addr", node.address).stdout == b"OK\n"
+
+
+def test_events_and_force_release_against_a_real_node(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    httpPort = freePort()
+    secret = tmp_path / "admin-secret"
+    secret.write_text("s3cret\n")
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1",
+                       "--admin-secret", str(secret)])
+    http = f"http://127.0.0.1:{httpPort}"
+    holder = LineClient(node.port)
+    waiter = LineClient(node.port)
+    try:
+        holder.ask(b"I billing-worker-1")
+        oldToken = holder.ask(b"A payroll 30 0").split()[2]
+        waiter.ask(b"I billing-worker-2")
+        waiter.send(b"A payroll 30 0\n")
+        wrong = tmp_path / "wrong"
+        wrong.write_text("nope")
+        refused = cli("release", "--force", "payroll", "--reason", "stuck", "--http", http,
+                      "--admin-secret", str(wrong))
+        assert refused.returncode == 77 and b"wrong admin secret" in refused.stderr
+        noReason = cli("release", "--force", "payroll", "--http", http,
+                       "--admin-secret", str(secret))
+        assert noReason.returncode == 2
+        # The waiter must be queued before the force-release hands it over.
+        waitFor(lambda: b'"waiters": 1' in cli("status", http, "--json").stdout, 20,
+                what="waiter queued")
+        forced = cli("release", "--force", "payroll", "--reason", "job stuck since Monday",
+                     "--http", http, "--admin-secret", str(secret))
+        assert forced.returncode == 0, forced.stderr
+        out = forced.stdout.decode()
+        assert out.startswith(f"released payroll (token {oldToken.decode()}); handed to the "
+                              "next waiter with token ")
+        assert out.endswith("; reason: job stuck since Monday\n")
+        newToken = waiter.readline().split()[2]
+        assert int(newToken) > int(oldToken) and newToken.decode() in out
+        # The old holder is fenced: its release is STALE now.
+        assert holder.ask(b"R payroll " + oldToken) == b"R payroll STALE"
+        missing = cli("release", "--force", "nothing-here", "--reason", "x", "--http", http,
+                      "--admin-secret", str(secret))
+        assert missing.returncode == 1 and b"not held" in missing.stderr
+
+        events = cli("events", "payroll", "--http", http)
+        assert events.returncode == 0, events.stderr
+        lines = events.stdout.decode().splitlines()
+        types = [line.split()[2] for line in lines]
+        assert types[:2] == ["grant", "force-release"], lines
+        assert f"token={oldToken.decode()}" in lines[0] and "who=billing-worker-1" in lines[0]
+        assert "job stuck since Monday" in lines[1]
+        assert any(t == "grant" and "who=billing-worker-2" in line
+                   for t, line in zip(types, lines, strict=True))
+        raw = cli("events", "--json", "--http", http, "--since", "0")
+        parsed = [json.loads(line) for line in raw.stdout.decode().splitlines()]
+        assert {e["type"] for e in parsed} >= {"grant", "force-release"}
+        assert all(e["key"] == "payroll" for e in parsed if e["key"] is not None)
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_events_follow_prints_new_events_as_they_come(spawn) -> None:  # type: ignore[no-untyped-def]
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lockservice.cli", "events", "--follow", "--interval", "0.2",
+         "follow/k", "--http", f"http://127.0.0.1:{httpPort}"],
+        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        with LineClient(node.port) as c:
+            c.ask(b"I follower")
+            token = c.ask(b"A follow/k 30 0").split()[2]
+            c.ask(b"A other/k 30 0")
+            c.ask(b"R follow/k " + token)
+        assert proc.stdout is not None
+        first = proc.stdout.readline().decode()
+        second = proc.stdout.readline().decode()
+        assert " grant " in first and "follow/k" in first and "who=follower" in first
+        assert " release " in second and "follow/k" in second
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0

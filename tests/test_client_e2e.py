@@ -170,3 +170,29 @@ async def test_client_follows_redirects_and_survives_failover(cluster) -> None: 
         assert await client.release(locks[0]) is True
     finally:
         await client.close()
+
+
+def test_asyncio_application_takes_renews_and_releases_a_lock(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    examples/asyncio_app.py: asyncio code on Twisted's asyncio reactor,
+    awaiting the client through Deferred.asFuture.  Run as a subprocess:
+    this pytest process already has its reactor installed.
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lockservice.testing.harness import LineClient, twistdEnvironment
+
+    node = spawn()
+    example = Path(__file__).resolve().parent.parent / "examples" / "asyncio_app.py"
+    out = subprocess.run([sys.executable, str(example), node.address],
+                         capture_output=True, timeout=120, env=twistdEnvironment())
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    lines = out.stdout.decode().splitlines()
+    assert lines[0].startswith("acquired examples/asyncio, token ")
+    assert lines[1].startswith("still held after 5 s: renewed by the keep-alive")
+    assert lines[2:] == ["renewed by hand: True", "released: True"]
+    token = lines[0].rsplit(" ", 1)[1].encode()
+    with LineClient(node.port) as c:
+        assert c.ask(b"R examples/asyncio " + token) == b"R examples/asyncio STALE"
