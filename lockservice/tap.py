@@ -6,12 +6,13 @@ C{twistd lockservice}: command-line options and the service tree.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IProtocolFactory
 from twisted.python import usage
 
 from lockservice.core.wire import checkSeconds
@@ -19,6 +20,8 @@ from lockservice.internals import raiseBindErrorsAtStart
 from lockservice.server.clock import useMonotonicTime, wallMicros
 from lockservice.server.protocol import LockFactory
 from lockservice.server.service import LockService
+from lockservice.tcp import clientEndpoint
+from lockservice.tls import NodeTLS
 
 if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
@@ -54,13 +57,22 @@ class Options(usage.Options):
     )
 
     optParameters: List[List[object]] = [
-        ["listen", "l", None,
-         "Client/peer endpoint (default: the --node entry's port, or tcp:7700)."],
-        ["peers", "p", None,
+        # No short options: twistd's own (-n, -l, -p, ...) would be
+        # mistaken for ours, or ours for twistd's.
+        ["listen", None, None,
+         "Client/peer endpoint (default: the --node entry's port, or tcp:7700); "
+         "an ssl:... string makes it TLS."],
+        ["peers", None, None,
          "Comma-separated host:port of every node, highest priority first."],
-        ["node", "n", None, "This node's entry in --peers (inferred when unambiguous)."],
-        ["secret", "s", None, "File holding the shared secret peers must prove."],
+        ["node", None, None, "This node's entry in --peers (inferred when unambiguous)."],
+        ["secret", None, None, "File holding the shared secret peers must prove."],
         ["http", None, None, "Endpoint for the HTTP status/metrics server (off by default)."],
+        ["tls-cert", None, None,
+         "PEM certificate (chain) of this node: the client port and peer links speak TLS."],
+        ["tls-key", None, None, "PEM private key of --tls-cert."],
+        ["tls-ca", None, None,
+         "PEM CA certificate(s): clients and peers must present a certificate it signed "
+         "(mutual TLS); peers verify each other's."],
         ["max-lease", None, 86400.0, "Largest lease a client may ask for, seconds.",
          _seconds("max-lease")],
         ["max-wait", None, 86400.0, "Largest wait a client may ask for, seconds.",
@@ -106,6 +118,7 @@ class Options(usage.Options):
             raise usage.UsageError(
                 "--peers needs --secret FILE: peers must prove a shared secret"
             )
+        self._resolveTLS()
         if self["secret"] is not None:
             try:
                 with open(self["secret"], "rb") as f:
@@ -121,6 +134,33 @@ class Options(usage.Options):
         self["adminSecretBytes"] = None
         if self["admin-secret"] is not None:
             self["adminSecretBytes"] = _readSecret("--admin-secret", self["admin-secret"])
+
+    def _resolveTLS(self) -> None:
+        """
+        Load the TLS files now, so a bad one is a usage error (one line).
+        """
+        from lockservice.tls import NodeTLS, TLSError
+
+        cert, key, ca = self["tls-cert"], self["tls-key"], self["tls-ca"]
+        listenTLS = self["listen"].split(":", 1)[0].lower() == "ssl"
+        self["tls"] = None
+        if (cert is None) != (key is None):
+            raise usage.UsageError("--tls-cert and --tls-key go together")
+        if cert is None:
+            if ca is not None:
+                raise usage.UsageError("--tls-ca needs --tls-cert and --tls-key")
+            if listenTLS:
+                # Twisted serves the ssl: string; peer links are encrypted
+                # too, without verification (see docs/operations.md).
+                self["tls"] = NodeTLS(None)
+            return
+        if listenTLS:
+            raise usage.UsageError(
+                "give either --listen ssl:... or --tls-cert/--tls-key, not both")
+        try:
+            self["tls"] = NodeTLS.fromFiles(cert, key, ca)
+        except TLSError as e:
+            raise usage.UsageError(str(e)) from None
 
     def _resolvePeers(self) -> None:
         peers = [p.strip() for p in self["peers"].split(",")]
@@ -232,6 +272,24 @@ def _allowInterrupt() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _peerEndpoints(reactor: Any, config: Options) -> Callable[[int], Any]:
+    """
+    Peer links of a TLS node: TLS too (verified against --tls-ca if given).
+    """
+    from twisted.internet.endpoints import wrapClientTLS
+
+    tls: NodeTLS = config["tls"]
+    peers: List[str] = config["peerList"]
+    timeout = max(config["peer-timeout"], 0.5)
+
+    def endpointFor(j: int) -> Any:
+        host, port = parseAddress(peers[j])
+        return wrapClientTLS(tls.peerOptions(host),
+                             clientEndpoint(reactor, host, port, timeout=timeout))
+
+    return endpointFor
+
+
 def makeService(config: Options) -> IService:
     from twisted.internet import reactor
 
@@ -243,6 +301,7 @@ def makeService(config: Options) -> IService:
         reactor, wallMicros, maxLease=config["max-lease"], maxWait=config["max-wait"]  # type: ignore[arg-type]
     )
     locks.setServiceParent(root)
+    tls: Optional[NodeTLS] = config["tls"]
     from lockservice.server.monitor import Monitor
 
     # Always on: long holds and deadlocks are logged even without --http.
@@ -260,11 +319,15 @@ def makeService(config: Options) -> IService:
             secret=config["secretBytes"],
             heartbeat=config["heartbeat"],
             peerTimeout=config["peer-timeout"],
+            endpointFor=_peerEndpoints(reactor, config) if tls is not None else None,
         )
         cluster.eventSink = monitor.clusterEvent
         cluster.setServiceParent(root)
         root.cluster = cluster
-    factory = LockFactory(locks, cluster.acceptPeer if cluster is not None else None)
+    factory: IProtocolFactory = LockFactory(
+        locks, cluster.acceptPeer if cluster is not None else None)
+    if tls is not None and tls.certificate is not None:
+        factory = tls.wrapServerFactory(factory)
     listener = StreamServerEndpointService(serverFromString(reactor, config["listen"]), factory)
     # A port that cannot be bound must stop twistd, not leave a deaf node.
     raiseBindErrorsAtStart(listener)

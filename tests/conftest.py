@@ -4,7 +4,8 @@ Shared fixtures: real twistd nodes on free loopback ports, always cleaned up.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, List
+import ssl
+from typing import Callable, Iterator, List, Optional
 
 import pytest
 
@@ -18,10 +19,11 @@ def spawn(tmp_path) -> Iterator[Callable[..., Node]]:  # type: ignore[no-untyped
     """
     started: List[Node] = []
 
-    def start(port: int = 0, args: List[str] = None, wait: bool = True) -> Node:
+    def start(port: int = 0, args: List[str] = None, wait: bool = True,
+              tls: Optional[ssl.SSLContext] = None) -> Node:
         if args is None:
             args = []
-        node = Node(port or freePort(), args=args, logDir=str(tmp_path))
+        node = Node(port or freePort(), args=args, logDir=str(tmp_path), tls=tls)
         started.append(node)
         return node.start(wait=wait)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -51,8 +52,19 @@ class LineClient:
     A blocking client for the line protocol (tests and harness control).
     """
 
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0,
+                 tls: Optional[ssl.SSLContext] = None) -> None:
+        """
+        @param tls: speak TLS with this context (the handshake happens here).
+        """
+        sock = socket.create_connection((host, port), timeout=timeout)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self.buffer = b""
 
     def send(self, data: bytes) -> None:
@@ -83,9 +95,10 @@ class LineClient:
         self.close()
 
 
-def ping(port: int, timeout: float = 1.0, host: str = "127.0.0.1") -> bool:
+def ping(port: int, timeout: float = 1.0, host: str = "127.0.0.1",
+         tls: Optional[ssl.SSLContext] = None) -> bool:
     try:
-        with LineClient(port, host=host, timeout=timeout) as c:
+        with LineClient(port, host=host, timeout=timeout, tls=tls) as c:
             return c.ask(b"P ping") == b"P ping"
     except OSError:
         return False
@@ -103,8 +116,14 @@ class Node:
         args: Sequence[str] = (),
         logDir: Optional[str] = None,
         name: Optional[str] = None,
+        tls: Optional[ssl.SSLContext] = None,
     ) -> None:
+        """
+        @param tls: the client TLS context that reaches this node (for its
+            readiness ping), when it is started with TLS options in C{args}.
+        """
         self.port = port
+        self.tls = tls
         self.host = "127.0.0.1"
         self.address = f"127.0.0.1:{port}"
         # Each peer's client address; --peers is this list, in order.
@@ -167,7 +186,7 @@ class Node:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n"
                                    + self.tail())
-            if ping(self.port, timeout=0.5, host=self.host):
+            if ping(self.port, timeout=0.5, host=self.host, tls=self.tls):
                 return
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} did not answer P within {timeout}s:\n" + self.tail())
