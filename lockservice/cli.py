@@ -587,6 +587,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _dispatch(args, command)
     except CommandError as e:
         return _fail(str(e), e.status)
+    except BrokenPipeError:
+        # Output piped into a reader that stopped (| head): not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EX_OK
 
 
 def _dispatch(args: argparse.Namespace, command: List[str]) -> int:
