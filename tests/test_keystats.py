@@ -5,6 +5,7 @@ The streaming sketch, the per-key statistics and the per-second series
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -14,8 +15,8 @@ from lockservice.core.sketch import KeyStats, Sketch
 
 
 def exactQuantile(values: list, q: float) -> float:  # type: ignore[type-arg]
-    ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))]
+    ordered = sorted(values)  # nearest rank
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -81,7 +81,8 @@ class Sketch:
         """
         if not self.count:
             return None
-        rank = q * (self.count - 1)
+        # Nearest rank: the p99 of two samples is the larger one.
+        rank = max(0, math.ceil(q * self.count) - 1)
         seen = self._zeros
         if rank < seen:
             return 0.0

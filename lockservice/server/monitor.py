@@ -252,7 +252,7 @@ class Monitor:
             self.log.warn(
                 "Long hold: {key} held by {who} (token {token}) for more than {limit} s",
                 key=key.decode("utf-8", "replace"), who=who, token=token,
-                limit=self.warnHold,
+                limit=f"{self.warnHold:g}",
             )
             self._event(ev.LONG_HOLD, key, token, held.owner,
                         f"held for more than {self.warnHold:g} s")
