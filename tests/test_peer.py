@@ -39,8 +39,8 @@ class Owner:
     def channelLost(self, channel: PeerChannel, clean: bool) -> None:
         pass
 
-    def peerMessage(self, channel: PeerChannel, fields: List[bytes]) -> None:
-        self.messages.append(fields)
+    def peerLines(self, channel: PeerChannel, lines: List[bytes]) -> None:
+        self.messages.extend(line.split(b" ") for line in lines)
 
     def handshakeFailed(self, remote: int, outbound: bool, why: str) -> None:
         self.failed.append((remote, outbound, why))

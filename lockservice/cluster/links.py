@@ -95,6 +95,9 @@ class Links:
         self.inbound: Dict[int, PeerChannel] = {}
         self.outbound: Dict[int, PeerChannel] = {}
         self.lastHeard: Dict[int, float] = {}
+        # The longest gap between two lines heard from each peer, since the
+        # owner last reset it (a snapshot must not starve heartbeats).
+        self.longestSilence: Dict[int, float] = {}
         self.resetAt: Dict[int, float] = {}
         self.dead: Set[int] = set()
         self.mismatch: Dict[int, float] = {}
@@ -122,7 +125,11 @@ class Links:
     # -- liveness ----------------------------------------------------------
 
     def heard(self, j: int) -> None:
-        self.lastHeard[j] = self.clock.seconds()
+        now = self.clock.seconds()
+        last = self.lastHeard.get(j)
+        if last is not None and now - last > self.longestSilence.get(j, 0.0):
+            self.longestSilence[j] = now - last
+        self.lastHeard[j] = now
         self.dead.discard(j)
 
     def alive(self, j: int) -> bool:

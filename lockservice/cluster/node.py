@@ -37,7 +37,7 @@ from twisted.logger import Logger
 from lockservice.cluster.handoff import Handoffs
 from lockservice.cluster.links import Links
 from lockservice.cluster.peer import PeerChannel, acceptChannel
-from lockservice.cluster.replication import Stream
+from lockservice.cluster.replication import PLAUSIBLE_AHEAD, Stream
 from lockservice.core import election
 from lockservice.core.election import (
     ACTIVE,
@@ -53,8 +53,6 @@ from lockservice.server.service import LockService
 from lockservice.tcp import clientEndpoint
 
 FLUSH_BEFORE_EXIT = 0.1
-# How far ahead of our clock a peer's token or term may be (microseconds).
-PLAUSIBLE_AHEAD = 3600 * 10**6
 
 
 class Cluster(Service):
@@ -105,6 +103,7 @@ class Cluster(Service):
         self.promotions = 0
         self.merged = 0
         self.startedAt = self.clock.seconds()
+        self.syncStartedAt = self.startedAt
         self.stopping = False
         self._mergeOnSync = False
         self._beat: Optional[LoopingCall] = None
@@ -298,10 +297,32 @@ class Cluster(Service):
 
     # -- messages --------------------------------------------------------------
 
-    def peerMessage(self, channel: PeerChannel, fields: List[bytes]) -> None:
+    def peerLines(self, channel: PeerChannel, lines: List[bytes]) -> None:
+        """
+        Lines from an authenticated peer.  Runs of held-key lines (a
+        snapshot, a busy stream) are applied in bulk.
+        """
         j = channel.remote
         assert j is not None
         self.links.heard(j)
+        transport: Any = channel.transport
+        i, count = 0, len(lines)
+        while i < count:
+            if channel.closing or transport.disconnecting:
+                return
+            if lines[i][:2] in (b"H ", b"G "):
+                end = i + 1
+                while end < count and lines[end][:2] in (b"H ", b"G "):
+                    end += 1
+                self.stream.applyHolders(j, channel, lines[i:end])
+                i = end
+                continue
+            self.peerMessage(channel, lines[i].rstrip(b"\r").split(b" "))
+            i += 1
+
+    def peerMessage(self, channel: PeerChannel, fields: List[bytes]) -> None:
+        j = channel.remote
+        assert j is not None
         kind = fields[0]
         try:
             if kind == b"HB":
@@ -341,8 +362,12 @@ class Cluster(Service):
     def synchronised(self, j: int) -> None:
         if self.role == SYNCING:
             self.setRole(STANDBY)
-            self.log.info("synchronised from {peer} ({keys} held keys)", peer=self.name(j),
-                          keys=self.locks.heldCount())
+            self.log.info(
+                "synchronised from {peer} ({keys} held keys) in {seconds:.3f} s "
+                "(longest silence from it meanwhile: {silence:.0f} ms)",
+                peer=self.name(j), keys=self.locks.heldCount(),
+                seconds=self.clock.seconds() - self.syncStartedAt,
+                silence=self.links.longestSilence.get(j, 0.0) * 1000)
             self.broadcastHeartbeat()
 
     # -- decisions -------------------------------------------------------------

@@ -69,7 +69,7 @@ class ChannelOwner(TypingProtocol):
 
     def channelLost(self, channel: "PeerChannel", clean: bool) -> None: ...
 
-    def peerMessage(self, channel: "PeerChannel", fields: List[bytes]) -> None: ...
+    def peerLines(self, channel: "PeerChannel", lines: List[bytes]) -> None: ...
 
     def handshakeFailed(self, remote: int, outbound: bool, why: str) -> None: ...
 
@@ -231,14 +231,13 @@ class PeerChannel:
         self._buffer = lines.pop()
         if len(self._buffer) > MAX_PEER_LINE:
             return self._refuse(b"peer line too long")
-        for line in lines:
+        while lines and not self.authenticated:
             if self.closing or self.transport.disconnecting:  # type: ignore[attr-defined]
                 return
-            fields = line.rstrip(b"\r").split(b" ")
-            if not self.authenticated:
-                self._handshake(fields)
-            else:
-                self.cluster.peerMessage(self, fields)
+            self._handshake(lines.pop(0).rstrip(b"\r").split(b" "))
+        if lines and not self.closing:
+            # The rest in one call: a snapshot's lines are applied in bulk.
+            self.cluster.peerLines(self, lines)
 
     def _socketError(self, errno: int) -> None:
         self.socketError = errno

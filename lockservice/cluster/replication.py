@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
 
 SNAPSHOT_CHUNK = 4000
+# How far ahead of our clock a peer's token or term may be (microseconds).
+PLAUSIBLE_AHEAD = 3600 * 10**6
 
 
 def writeNow(channel: PeerChannel, data: bytes) -> None:
@@ -80,6 +82,9 @@ class SnapshotProducer:
         self.keys = keys
         self.index = 0
         self.stopped = False
+        self.startedAt = stream.cluster.clock.seconds()
+        assert channel.remote is not None
+        stream.cluster.links.longestSilence[channel.remote] = 0.0
 
     def resumeProducing(self) -> None:
         if self.stopped:
@@ -105,6 +110,7 @@ class SnapshotProducer:
             self.channel.snapshot = None
             self.channel.transport.unregisterProducer()  # type: ignore[attr-defined]
             self.channel.synced = True
+            self.stream.snapshotSent(self)
 
     def stopProducing(self) -> None:
         self.stopped = True
@@ -180,6 +186,18 @@ class Stream:
         channel.snapshot = producer
         channel.transport.registerProducer(producer, False)  # type: ignore[attr-defined]
 
+    def snapshotSent(self, producer: SnapshotProducer) -> None:
+        cluster = self.cluster
+        j = producer.channel.remote
+        assert j is not None
+        cluster.log.info(
+            "snapshot of {keys} held keys sent to {peer} in {seconds:.3f} s "
+            "(longest silence from it meanwhile: {silence:.0f} ms)",
+            keys=len(producer.keys), peer=cluster.name(j),
+            seconds=cluster.clock.seconds() - producer.startedAt,
+            silence=cluster.links.longestSilence.get(j, 0.0) * 1000,
+        )
+
     def sendMerge(self, channel: PeerChannel) -> int:
         """
         Offer every key we hold to the leader we now follow (a heal), so
@@ -207,11 +225,7 @@ class Stream:
         cluster = self.cluster
         kind = fields[0]
         if kind in (b"G", b"H"):
-            if cluster.fromLeader(j, channel):
-                token = int(fields[2])
-                if cluster.plausible(j, token, "token"):
-                    cluster.locks.installHolder(fields[1], token, int(fields[3]) / 1e6,
-                                                int(fields[4]) / 1e6)
+            self.applyHolders(j, channel, [b" ".join(fields)])
         elif kind == b"D":
             if cluster.fromLeader(j, channel):
                 cluster.locks.dropHolder(fields[1], int(fields[2]))
@@ -225,6 +239,8 @@ class Stream:
                 term, token = int(fields[1]), int(fields[2])
                 if cluster.plausible(j, token, "token") and cluster.plausible(j, term, "term"):
                     cluster.locks.clearHolders()
+                    cluster.syncStartedAt = cluster.clock.seconds()
+                    cluster.links.longestSilence[j] = 0.0
                     cluster.locks.observeToken(token)
                     cluster.learnTerm(term)
                     cluster.term = term
@@ -233,6 +249,32 @@ class Stream:
                 cluster.synchronised(j)
         else:
             raise ValueError(kind)
+
+    def applyHolders(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
+        """
+        A run of C{H}/C{G} lines (held keys) from peer C{j}, applied with
+        no per-line dispatch: a snapshot of a million keys is mostly this.
+        """
+        cluster = self.cluster
+        if not cluster.fromLeader(j, channel):
+            return
+        now = cluster.clock.seconds()
+        limit = cluster.wallMicros() + PLAUSIBLE_AHEAD
+        install = cluster.locks.table.install
+        for line in lines:
+            fields = line.rstrip(b"\r").split(b" ")
+            try:
+                token = int(fields[2])
+                expiresAt = now + int(fields[3]) / 1e6
+                grantedAt = now - int(fields[4]) / 1e6
+                key = fields[1]
+            except (IndexError, ValueError):
+                cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
+                continue
+            if token > limit:
+                cluster.plausible(j, token, "token")
+                continue
+            install(key, token, grantedAt, expiresAt)
 
     def _merge(self, j: int, channel: PeerChannel, fields: List[bytes]) -> None:
         cluster = self.cluster
