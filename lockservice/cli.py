@@ -238,7 +238,7 @@ def forceReleaseCommand(args: argparse.Namespace) -> int:
 
 
 def _tls(args: argparse.Namespace) -> Any:
-    from lockservice.client.endpoints import ClientTLS
+    from lockservice.tls import ClientTLS
 
     if args.tls_ca is None:
         if args.tls_cert or args.tls_key:
@@ -246,7 +246,7 @@ def _tls(args: argparse.Namespace) -> Any:
                                "the node's certificate)", EX_USAGE)
         return None
     try:
-        return ClientTLS(args.tls_ca, args.tls_cert, args.tls_key)
+        return ClientTLS.fromFiles(args.tls_ca, args.tls_cert, args.tls_key)
     except ValueError as e:
         raise CommandError(str(e), EX_USAGE) from None
 

@@ -19,10 +19,9 @@ from typing import Any, Optional
 
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import connectProtocol
-from twisted.internet.interfaces import IHandshakeListener, INegotiated
+from twisted.internet.interfaces import INegotiated
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 BANNER = """\
 connected to {address}{tls} as {name}
@@ -33,16 +32,10 @@ type requests, one per line; answers are printed as they arrive:
 end with Ctrl+D (queued acquires are then withdrawn)"""
 
 
-@implementer(IHandshakeListener)
 class _NodeSide(LineOnlyReceiver):
     """
     The connection to the node: prints what it says.
     """
-
-    handshaken = False
-
-    def handshakeCompleted(self) -> None:
-        self.handshaken = True
 
     delimiter = b"\n"
     MAX_LENGTH = 65536
@@ -86,6 +79,7 @@ class _Session:
         self.outstanding = 0
         self.swallowName = True
         self.inputDone = False
+        self.answered = False
         self.done: "Deferred[int]" = Deferred()
 
     def nodeUp(self, node: _NodeSide) -> None:
@@ -101,6 +95,7 @@ class _Session:
         self.node.sendLine(line)
 
     def answer(self, line: bytes) -> None:
+        self.answered = True
         if self.swallowName:
             self.swallowName = False
             if line == b"I " + self.name or line.startswith(b"E "):
@@ -128,9 +123,13 @@ class _Session:
 
     def nodeGone(self, reason: Failure) -> None:
         node = self.node
-        if (node is not None and not node.handshaken and node.transport is not None
-                and INegotiated.providedBy(node.transport) and not self.done.called):
-            self.done.errback(ConnectionError(f"TLS handshake failed: {reason.value}"))
+        if not self.answered and not self.done.called:
+            # Closed before its first answer: under TLS 1.3 that is how a
+            # node refuses a client certificate (after the handshake).
+            tls = node is not None and INegotiated.providedBy(node.transport)
+            self.done.errback(ConnectionError(
+                f"{'TLS handshake failed' if tls else 'the node closed the connection'}: "
+                f"{reason.value}"))
             return
         if not self.inputDone:
             print("lockservice: the node closed the connection", file=sys.stderr)

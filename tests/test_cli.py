@@ -337,3 +337,60 @@ def test_events_follow_prints_new_events_as_they_come(spawn) -> None:  # type: i
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
+
+
+def _mutualTLSNode(spawn, tmp_path):  # type: ignore[no-untyped-def]
+    import ssl
+
+    from lockservice.testing.certs import TestCA
+
+    ca = TestCA(tmp_path)
+    server = ca.issue("node")
+    client = ca.issue("cli-client")
+    ready = ssl.create_default_context(cafile=ca.cert)
+    ready.load_cert_chain(client.cert, client.key)
+    node = spawn(args=["--tls-cert", server.cert, "--tls-key", server.key,
+                       "--tls-ca", ca.cert], tls=ready)
+    return node, ca, client
+
+
+def test_acquire_release_run_and_shell_over_mutual_tls(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    node, ca, client = _mutualTLSNode(spawn, tmp_path)
+    tls = ["--tls-ca", ca.cert, "--tls-cert", client.cert, "--tls-key", client.key]
+    got = cli("acquire", "tls/k", "--addr", node.address, *tls)
+    assert got.returncode == 0, got.stderr
+    token = got.stdout.decode().strip()
+    released = cli("release", "tls/k", token, "--addr", node.address, *tls)
+    assert (released.returncode, released.stdout) == (0, b"OK\n")
+    ran = cli("run", "tls/run", "--lease", "1", "--addr", node.address, *tls, "--",
+              sys.executable, "-c", "import time; time.sleep(1.5)")
+    assert ran.returncode == 0, ran.stderr
+    shell = subprocess.run(
+        [sys.executable, "-m", "lockservice.cli", "shell", node.address, *tls],
+        input=b"P over-tls\nA tls/shell 30 0\n", capture_output=True, timeout=60,
+        env=twistdEnvironment())
+    assert shell.returncode == 0, shell.stderr
+    lines = shell.stdout.decode().splitlines()
+    assert lines[0] == "P over-tls" and lines[1].startswith("A tls/shell ")
+
+
+def test_tls_refusals_are_one_line_and_exit_69(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from lockservice.testing.certs import TestCA
+
+    node, ca, client = _mutualTLSNode(spawn, tmp_path)
+    other = TestCA(tmp_path / "other") if (tmp_path / "other").mkdir() is None else None
+    assert other is not None
+    cases = {
+        "no client certificate": ["--tls-ca", ca.cert],
+        "unknown CA": ["--tls-ca", other.cert, "--tls-cert", client.cert,
+                       "--tls-key", client.key],
+    }
+    for case, tls in cases.items():
+        for command in (["acquire", "tls/x"], ["shell"]):
+            got = subprocess.run(
+                [sys.executable, "-m", "lockservice.cli", *command, "--addr", node.address,
+                 *tls], input=b"P x\n", capture_output=True, timeout=60,
+                env=twistdEnvironment())
+            assert got.returncode == 69, (case, command, got)
+            assert got.stderr.count(b"\n") == 1, (case, command, got.stderr)
+            assert b"TLS" in got.stderr, (case, command, got.stderr)

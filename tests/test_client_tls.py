@@ -105,7 +105,7 @@ async def tlsServer(pki: Dict[str, str], requireClientCert: bool) -> Tuple[Any, 
 async def test_tls_connection_verifies_the_node_and_names_itself(pki) -> None:  # type: ignore[no-untyped-def]
     port, factory = await tlsServer(pki, requireClientCert=False)
     client = connect(reactor, [f"127.0.0.1:{port.getHost().port}"], name="tls-client",
-                     tls=ClientTLS(pki["ca"] + ".pem"))
+                     tls=ClientTLS.fromFiles(pki["ca"] + ".pem"))
     try:
         await client.whenConnected(timeout=10)
         assert await client.ping("over-tls") is True
@@ -118,7 +118,7 @@ async def test_tls_connection_verifies_the_node_and_names_itself(pki) -> None:  
 @pytest_twisted.ensureDeferred
 async def test_mutual_tls_with_a_client_certificate(pki) -> None:  # type: ignore[no-untyped-def]
     port, factory = await tlsServer(pki, requireClientCert=True)
-    tls = ClientTLS(pki["ca"] + ".pem", pki["client"] + ".pem", pki["client"] + ".key")
+    tls = ClientTLS.fromFiles(pki["ca"] + ".pem", pki["client"] + ".pem", pki["client"] + ".key")
     client = connect(reactor, [f"127.0.0.1:{port.getHost().port}"], tls=tls)
     try:
         await client.whenConnected(timeout=10)
@@ -134,7 +134,7 @@ async def test_tls_failures_are_no_connection(pki, case) -> None:  # type: ignor
     port, _ = await tlsServer(pki, requireClientCert=(case == "no-client-cert"))
     ca = pki["other-ca"] if case == "wrong-ca" else pki["ca"]
     client = connect(reactor, [f"127.0.0.1:{port.getHost().port}"],
-                     tls=ClientTLS(ca + ".pem"))
+                     tls=ClientTLS.fromFiles(ca + ".pem"))
     try:
         with pytest.raises(NoConnection) as info:
             await client.whenConnected(timeout=10, failFast=True)
@@ -149,9 +149,9 @@ async def test_tls_failures_are_no_connection(pki, case) -> None:  # type: ignor
 
 def test_unreadable_tls_files_are_a_value_error(pki, tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="cannot read CA certificate"):
-        ClientTLS(str(tmp_path / "missing.pem"))
+        ClientTLS.fromFiles(str(tmp_path / "missing.pem"))
     (tmp_path / "junk.pem").write_text("junk")
     with pytest.raises(ValueError, match="not a PEM file"):
-        ClientTLS(str(tmp_path / "junk.pem"))
+        ClientTLS.fromFiles(str(tmp_path / "junk.pem"))
     with pytest.raises(ValueError, match="both"):
-        ClientTLS(pki["ca"] + ".pem", cert=pki["client"] + ".pem")
+        ClientTLS.fromFiles(pki["ca"] + ".pem", cert=pki["client"] + ".pem")

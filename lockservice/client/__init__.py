@@ -5,7 +5,6 @@ The Deferred-returning client library and the resource-side fencing helper.
 """
 
 from lockservice.client.api import Lock, LockClient, connect
-from lockservice.client.endpoints import ClientTLS
 from lockservice.client.errors import (
     LockError,
     LockLost,
@@ -15,6 +14,7 @@ from lockservice.client.errors import (
     ReleaseFailed,
 )
 from lockservice.client.fencing import FenceGuard, StaleToken
+from lockservice.tls import ClientTLS
 
 __all__ = [
     "ClientTLS",

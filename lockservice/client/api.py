@@ -38,12 +38,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from lockservice.client import sharding
-from lockservice.client.endpoints import (
-    Address,
-    ClientTLS,
-    EndpointFactory,
-    endpointFactory,
-)
+from lockservice.client.endpoints import Address, EndpointFactory, endpointFactory
 from lockservice.client.errors import (
     ConnectionDropped,
     LockError,
@@ -56,6 +51,7 @@ from lockservice.client.errors import (
 from lockservice.client.pool import RECONNECT_INTERVAL, Pool, Slot
 from lockservice.client.protocol import Fields
 from lockservice.core import wire
+from lockservice.tls import ClientTLS
 
 RELEASE_RETRY_FOR = 5.0
 RELEASE_RETRY_EVERY = 0.2

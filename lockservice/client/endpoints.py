@@ -2,7 +2,8 @@
 """
 From an address to a client endpoint: plain TCP, or TLS verified against a
 CA (optionally presenting a client certificate, for a node started with
-C{--tls-ca}).
+C{--tls-ca}).  The TLS settings are L{lockservice.tls.ClientTLS}, shared
+with the node's peer links.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Callable, Optional, Union
 from twisted.internet.interfaces import IStreamClientEndpoint
 
 from lockservice.tcp import clientEndpoint
+from lockservice.tls import ClientTLS
 
 Address = Union[str, IStreamClientEndpoint]
 EndpointFactory = Callable[[Address], IStreamClientEndpoint]
@@ -30,54 +32,6 @@ def splitAddress(address: str) -> "tuple[str, int]":
     if not sep or not host or not port.isdigit() or not port.isascii() or not 0 < int(port) < 65536:
         raise ValueError(f"not a host:port address: {address!r}")
     return host, int(port)
-
-
-class ClientTLS:
-    """
-    TLS settings of a client: the CA that signed the nodes' certificates
-    and, for mutual TLS, the client's own certificate and key (PEM files).
-    A node's certificate must name the host (or IP address) the client
-    dials.
-
-    @raise ValueError: at construction, when a file cannot be read or
-        parsed (one clear message, naming the file).
-    """
-
-    def __init__(self, ca: str, cert: Optional[str] = None, key: Optional[str] = None) -> None:
-        from twisted.internet.ssl import Certificate, PrivateCertificate
-
-        if (cert is None) != (key is None):
-            raise ValueError("a client certificate needs both a certificate and a key file")
-        self.trustRoot = Certificate.loadPEM(_read(ca, "CA certificate"))
-        self.clientCertificate: Optional[Any] = None
-        if cert is not None and key is not None:
-            try:
-                self.clientCertificate = PrivateCertificate.loadPEM(
-                    _read(cert, "client certificate") + b"\n" + _read(key, "client key"))
-            except Exception as e:
-                raise ValueError(f"cannot use client certificate {cert} with key {key}: "
-                                 f"{_describe(e)}") from None
-
-    def options(self, host: str) -> Any:
-        from twisted.internet.ssl import optionsForClientTLS
-
-        return optionsForClientTLS(host, trustRoot=self.trustRoot,
-                                   clientCertificate=self.clientCertificate)
-
-
-def _read(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ValueError(f"cannot read {what} {path}: {e.strerror}") from None
-    if b"-----BEGIN" not in data:
-        raise ValueError(f"{what} {path} is not a PEM file")
-    return data
-
-
-def _describe(e: BaseException) -> str:
-    return str(e) or type(e).__name__
 
 
 def endpointFactory(reactor: Any, tls: Optional[ClientTLS] = None,
