@@ -378,8 +378,8 @@ def test_tls_refusals_are_one_line_and_exit_69(spawn, tmp_path) -> None:  # type
     from lockservice.testing.certs import TestCA
 
     node, ca, client = _mutualTLSNode(spawn, tmp_path)
-    other = TestCA(tmp_path / "other") if (tmp_path / "other").mkdir() is None else None
-    assert other is not None
+    (tmp_path / "other").mkdir()
+    other = TestCA(tmp_path / "other", name="other CA")
     cases = {
         "no client certificate": ["--tls-ca", ca.cert],
         "unknown CA": ["--tls-ca", other.cert, "--tls-cert", client.cert,
@@ -394,3 +394,23 @@ def test_tls_refusals_are_one_line_and_exit_69(spawn, tmp_path) -> None:  # type
             assert got.returncode == 69, (case, command, got)
             assert got.stderr.count(b"\n") == 1, (case, command, got.stderr)
             assert b"TLS" in got.stderr, (case, command, got.stderr)
+
+
+def test_cli_names_itself_unless_told(spawn) -> None:  # type: ignore[no-untyped-def]
+    import socket
+    import urllib.request
+
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+
+    def holder(key: str) -> str:
+        url = f"http://127.0.0.1:{httpPort}/locks?key={key}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(json.loads(response.read())["holder"])
+
+    assert cli("acquire", "named/default", "--addr", node.address).returncode == 0
+    host, pid, tool = holder("named/default").split(":")
+    assert host == socket.gethostname() and pid.isdigit() and tool == "lockservice-cli"
+    assert cli("acquire", "named/told", "--name", "nightly-report",
+               "--addr", node.address).returncode == 0
+    assert holder("named/told") == "nightly-report"

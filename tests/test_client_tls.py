@@ -7,10 +7,8 @@ server (the real node's TLS is tested with the server).
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import pytest_twisted
@@ -23,54 +21,21 @@ from twisted.protocols.basic import LineOnlyReceiver
 from lockservice.client import ClientTLS, NoConnection, connect
 
 
-def _name(common: str) -> Any:
-    from cryptography import x509
-    from cryptography.x509.oid import NameOID
-
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-
-def makeCert(path: Path, name: str, issuer: Optional[Tuple[Any, Any]] = None,
-             ca: bool = False, ip: Optional[str] = None) -> Tuple[Any, Any]:
-    """
-    Write C{name}.pem and C{name}.key under C{path}; signed by C{issuer}
-    (certificate, key), else self-signed.
-    """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(name))
-        .issuer_name(issuer[0].subject if issuer else _name(name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if ip:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip)),
-                                         x509.DNSName("localhost")]), critical=False)
-    cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
-    (path / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (path / f"{name}.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    return cert, key
-
-
 @pytest.fixture
 def pki(tmp_path: Path) -> Dict[str, str]:
-    ca = makeCert(tmp_path, "ca", ca=True)
-    makeCert(tmp_path, "server", issuer=ca, ip="127.0.0.1")
-    makeCert(tmp_path, "client", issuer=ca)
-    makeCert(tmp_path, "other-ca", ca=True)
-    return {n: str(tmp_path / n) for n in ("ca", "server", "client", "other-ca")}
+    """
+    A CA, a node certificate for 127.0.0.1, a client certificate, and a
+    second, unrelated CA (paths without the .pem/.key suffix).
+    """
+    from lockservice.testing.certs import TestCA
+
+    (tmp_path / "ca").mkdir()
+    (tmp_path / "other").mkdir()
+    ca = TestCA(tmp_path / "ca")
+    other = TestCA(tmp_path / "other", name="other CA")
+    server, client = ca.issue("server"), ca.issue("client")
+    return {"ca": ca.cert[:-4], "other-ca": other.cert[:-4],
+            "server": server.cert[:-4], "client": client.cert[:-4]}
 
 
 class EchoNode(LineOnlyReceiver):

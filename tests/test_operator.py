@@ -207,3 +207,34 @@ def test_cluster_events(cluster) -> None:  # type: ignore[no-untyped-def]
     [promotion] = [e for e in events if e["type"] == "promotion"]
     assert promotion["key"] is None and promotion["token"] is None
     assert promotion["detail"].startswith("term ")
+
+
+def test_force_release_is_replicated(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    The standby learns of a force-release like of any release: its mirror
+    shows the next waiter's grant, not the released one.
+    """
+    secretFile = tmp_path / "admin-secret"
+    secretFile.write_text("s3cret\n")
+    ports = [freePort(), freePort()]
+    c = cluster(2, start=False)
+    for node, port in zip(c.nodes, ports, strict=True):
+        node.args = [*node.args, "--http", f"tcp:{port}:interface=127.0.0.1",
+                     "--admin-secret", str(secretFile)]
+    c.start()
+    waitFor(lambda: get(ports[0], "/status")["role"] == "active"
+            and get(ports[1], "/status")["role"] == "standby", 15, what="roles settled")
+    with LineClient(c.nodes[0].port) as stuck, LineClient(c.nodes[0].port) as nxt:
+        old = stuck.ask(b"A shared 300 0").split()[2]
+        nxt.send(b"A shared 30 0\n")
+        waitFor(lambda: get(ports[0], "/status")["waiters"] == 1, 10, what="queued")
+        waitFor(lambda: get(ports[1], "/locks?key=shared").get("token") == int(old), 10,
+                what="grant replicated")
+        code, answer = post(ports[1], "/locks/shared/release", "s3cret", "on the standby")
+        assert code == 409 and answer["active"] == c.nodes[0].address
+        code, answer = post(ports[0], "/locks/shared/release", "s3cret", "stuck")
+        assert code == 200
+        new = int(nxt.readline().split()[2])
+        assert answer["next_token"] == new > int(old)
+        waitFor(lambda: get(ports[1], "/locks?key=shared").get("token") == new, 10,
+                what="force-release replicated")

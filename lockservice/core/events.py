@@ -35,19 +35,31 @@ class Event:
     """
     One event; C{key}, C{token}, C{who} and C{detail} are None where they
     do not apply (a peer event has no key).
+
+    The ring stores plain tuples (cheap on the hot path) and makes an
+    L{Event} only when one is read; a detail given as a format and a
+    number of seconds is formatted then too.
     """
 
-    __slots__ = ("seq", "time", "type", "key", "token", "who", "detail")
+    __slots__ = ("seq", "time", "type", "key", "token", "who", "_detail", "_seconds")
 
     def __init__(self, seq: int, time: float, type: str, key: Optional[bytes],
-                 token: Optional[int], who: Optional[str], detail: Optional[str]) -> None:
+                 token: Optional[int], who: Optional[str], detail: Optional[str],
+                 seconds: Optional[float] = None) -> None:
         self.seq = seq
         self.time = time
         self.type = type
         self.key = key
         self.token = token
         self.who = who
-        self.detail = detail
+        self._detail = detail
+        self._seconds = seconds
+
+    @property
+    def detail(self) -> Optional[str]:
+        if self._seconds is not None and self._detail is not None:
+            return self._detail % self._seconds
+        return self._detail
 
     def asDict(self) -> Dict[str, Any]:
         return {
@@ -61,6 +73,10 @@ class Event:
         }
 
 
+_Entry = Tuple[int, float, str, Optional[bytes], Optional[int], Optional[str],
+               Optional[str], Optional[float]]
+
+
 class EventRing:
     """
     The last C{capacity} events.  Sequence numbers start at 1 and rise by
@@ -69,7 +85,7 @@ class EventRing:
 
     def __init__(self, capacity: int = 10000) -> None:
         self.capacity = capacity
-        self._events: Deque[Event] = deque(maxlen=capacity)
+        self._events: Deque[_Entry] = deque(maxlen=capacity)
         self.last = 0  # the sequence number of the newest event (0: none yet)
 
     def __len__(self) -> int:
@@ -77,11 +93,13 @@ class EventRing:
 
     def add(self, time: float, type: str, key: Optional[bytes] = None,
             token: Optional[int] = None, who: Optional[str] = None,
-            detail: Optional[str] = None) -> Event:
+            detail: Optional[str] = None, seconds: Optional[float] = None) -> None:
+        """
+        Record an event.  C{detail} may be a %-format for C{seconds}
+        (C{"after %.3f s"}), formatted only if the event is read.
+        """
         self.last += 1
-        event = Event(self.last, time, type, key, token, who, detail)
-        self._events.append(event)
-        return event
+        self._events.append((self.last, time, type, key, token, who, detail, seconds))
 
     def since(self, since: int = 0, key: Optional[bytes] = None,
               limit: int = 1000) -> Tuple[List[Event], int]:
@@ -95,15 +113,15 @@ class EventRing:
         events = self._events
         if not events or since >= self.last:
             return [], max(since, 0) if since <= self.last else self.last
-        first = events[0].seq
+        first = events[0][0]
         start = max(0, since - first + 1)
         found: List[Event] = []
         nxt = self.last
-        for event in islice(events, start, None):
-            if key is not None and event.key != key:
+        for entry in islice(events, start, None):
+            if key is not None and entry[3] != key:
                 continue
             if len(found) >= limit:
                 nxt = found[-1].seq
                 break
-            found.append(event)
+            found.append(Event(*entry))
         return found, nxt

@@ -121,8 +121,9 @@ class Monitor:
     # -- the activity observer -------------------------------------------------
 
     def _event(self, type: str, key: Optional[bytes] = None, token: Optional[int] = None,
-               who: Optional[str] = None, detail: Optional[str] = None) -> None:
-        self.events.add(self.wallTime(), type, key, token, who, detail)
+               who: Optional[str] = None, detail: Optional[str] = None,
+               seconds: Optional[float] = None) -> None:
+        self.events.add(self.wallTime(), type, key, token, who, detail, seconds)
 
     def queued(self, now: float, waiter: Waiter) -> None:
         self.keys.queued(waiter.key)
@@ -139,7 +140,7 @@ class Monitor:
         if reason == TIMEOUT:
             self.keys.timedOut(waiter.key, waited)
         if reason in (TIMEOUT, WITHDRAWAL):
-            self._event(reason, waiter.key, None, who, f"after {waited:.3f} s")
+            self._event(reason, waiter.key, None, who, "after %.3f s", waited)
 
     def granted(self, now: float, key: bytes, token: int, owner: Optional[str],
                 waiter: Optional[Waiter], waited: float) -> None:
@@ -151,8 +152,10 @@ class Monitor:
             if who is not None:
                 self.graph.unwait(key, who)
         self._cycles(self.graph.hold(key, owner, now))
-        self._event(ev.GRANT, key, token, owner,
-                    f"after waiting {waited:.3f} s" if waiter is not None else None)
+        if waiter is not None:
+            self._event(ev.GRANT, key, token, owner, "after waiting %.3f s", waited)
+        else:
+            self._event(ev.GRANT, key, token, owner)
         if self.warnHold is not None:
             self._watch(now + self.warnHold, key, token)
 
@@ -169,14 +172,13 @@ class Monitor:
         forcing = self._forcing
         if forcing is not None and forcing[:2] == (key, token):
             self._event(ev.FORCE_RELEASE, key, token, owner, forcing[2])
-        elif expired:
-            self._event(ev.EXPIRY, key, token, owner, f"after {heldFor:.3f} s")
         else:
-            self._event(ev.RELEASE, key, token, owner, f"after {heldFor:.3f} s")
+            self._event(ev.EXPIRY if expired else ev.RELEASE, key, token, owner,
+                        "after %.3f s", heldFor)
 
     def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
                 expiresAt: float) -> None:
-        self._event(ev.RENEWAL, key, token, owner, f"lease {expiresAt - now:.3f} s")
+        self._event(ev.RENEWAL, key, token, owner, "lease %.3f s", expiresAt - now)
 
     def roleChanged(self, role: str) -> None:
         if role != ACTIVE:
