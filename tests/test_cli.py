@@ -421,3 +421,25 @@ def test_cli_names_itself_unless_told(spawn) -> None:  # type: ignore[no-untyped
     assert cli("acquire", "named/told", "--name", "nightly-report",
                "--addr", node.address).returncode == 0
     assert holder("named/told") == "nightly-report"
+
+
+def test_cli_spreads_keys_over_clusters(spawn) -> None:  # type: ignore[no-untyped-def]
+    from lockservice.client.sharding import choose
+
+    a, b = spawn(), spawn()
+    ids = [a.address.encode(), b.address.encode()]
+    # Three keys served by each cluster (the ports, so the ids, vary).
+    candidates = [f"shard/{i}" for i in range(200)]
+    keys = ([k for k in candidates if choose(ids, k.encode()) == 0][:3]
+            + [k for k in candidates if choose(ids, k.encode()) == 1][:3])
+    for i, key in enumerate(keys):
+        # Both spellings: --cluster repeated, and ';' between clusters.
+        where = (["--cluster", a.address, "--cluster", b.address] if i % 2
+                 else ["--addr", f"{a.address};{b.address}"])
+        got = cli("acquire", key, *where)
+        assert got.returncode == 0, got.stderr
+        owner, other = (a, b) if choose(ids, key.encode()) == 0 else (b, a)
+        with LineClient(owner.port) as c:
+            assert c.ask(f"A {key} 30 0.1".encode()) == f"T {key}".encode()
+        with LineClient(other.port) as c:
+            assert c.ask(f"A {key} 30 0.1".encode()).startswith(f"A {key} ".encode())
