@@ -93,9 +93,10 @@ class QuietClientService(ClientService):
 
 def watchSocketError(transport: Any, record: Any) -> bool:
     """
-    Call C{record(errno)} with the socket's pending error (C{SO_ERROR}) just
-    before Twisted closes the socket under C{transport} (or under the TCP
-    transport below a TLS one).
+    Call C{record(errno, reason)} with the socket's pending error
+    (C{SO_ERROR}) and the TCP connection's own close reason, just before
+    Twisted closes the socket under C{transport} (or under the TCP
+    transport below a TLS one, which reports its own reason above).
 
     Twisted's poll/epoll reactors report a socket that was reset (RST) with
     no input pending as a clean close (C{ConnectionDone}), like a FIN; the
@@ -118,8 +119,32 @@ def watchSocketError(transport: Any, record: Any) -> bool:
             error = tcp.socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         except (AttributeError, OSError):
             error = 0
-        record(error)
+        record(error, reason)
         original(reason)
 
     tcp.connectionLost = connectionLost  # type: ignore[method-assign]
     return True
+
+
+def flushToKernel(transport: Any) -> None:
+    """
+    Hand what C{transport} (plain TCP, or TLS over TCP) holds in Twisted's
+    write buffer to the kernel now, instead of at the reactor's next
+    write-readiness round: a kill -9 of this process right after cannot
+    lose it.  Runs the TCP transport's own C{doWrite} (what the reactor
+    would call); what the socket does not take stays buffered as usual.
+    """
+    from twisted.internet.tcp import Connection
+
+    tcp = transport if isinstance(transport, Connection) else getattr(transport, "transport", None)
+    if not isinstance(tcp, Connection) or tcp.disconnected or tcp.disconnecting:
+        return
+    if not hasattr(tcp, "dataBuffer") or not hasattr(tcp, "_tempDataLen"):
+        return
+    if tcp._tempDataLen or tcp.offset < len(tcp.dataBuffer):
+        result = tcp.doWrite()
+        if result is not None:
+            # The reactor's own handling of a failed write, as it would do.
+            from twisted.python.failure import Failure
+
+            tcp.reactor.callLater(0, tcp.connectionLost, Failure(result))  # type: ignore[attr-defined]

@@ -5,7 +5,7 @@ connections the test controls, and task.Clock drives retries.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 import pytest
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
@@ -66,6 +66,7 @@ class Network:
 
     def __init__(self) -> None:
         self.down: Dict[str, bool] = {}
+        self.blackholes: Set[str] = set()
         self.attempts: List[str] = []
         self.connections: List[FakeServerSide] = []
 
@@ -75,6 +76,8 @@ class Network:
         class Endpoint:
             def connect(self, factory):  # type: ignore[no-untyped-def]
                 network.attempts.append(address)
+                if address in network.blackholes:
+                    return Deferred()  # a SYN into the void: never answered
                 if network.down.get(address):
                     return fail(ConnectionRefusedError(address))
                 protocol = factory.buildProtocol(None)
@@ -629,3 +632,27 @@ def test_request_resent_after_a_drop_never_goes_to_the_dead_connection() -> None
     assert fresh is not s1 and fresh.sent() == [b"A k 30 0"]
     fresh.answer(b"A k 4")
     assert result(d).token == 4
+
+
+def test_against_an_address_that_never_answers_every_call_ends_as_documented() -> None:
+    """
+    A blackholed address (connection attempts never complete): acquire with
+    a wait fails NoConnection at wait + 0.5 s, acquire without one after
+    5 s, and a release with ReleaseFailed after 5 s.
+    """
+    clock = Clock()
+    net = Network()
+    net.blackholes.add("void:1")
+    client = connect(clock, ["void:1"], endpointFor=net.endpointFor)
+    timed = client.acquire("k", 30, 1)
+    forever = client.acquire("k", 30, 0)
+    released = client.release(Lock("k", 5))
+    clock.advance(1.49)
+    assert not timed.called
+    clock.advance(0.01)
+    assert failureOf(timed).check(NoConnection)
+    clock.advance(3.49)
+    assert not forever.called and not released.called
+    clock.advance(0.01)
+    assert failureOf(forever).check(NoConnection)
+    assert failureOf(released).check(ReleaseFailed)

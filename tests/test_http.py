@@ -111,6 +111,8 @@ def test_locks_says_who_holds_what(node: ProtocolNode) -> None:
     assert json.loads(second)["truncated"] is False
     bad, body = fetch(stub, "/locks?limit=x")
     assert bad.code == 400 and "limit" in json.loads(body)["error"]
+    bad, body = fetch(stub, "/locks?key=two%20words")
+    assert bad.code == 400 and "bad key" in json.loads(body)["error"]
 
 
 def test_names_follow_a_rename_and_a_handover(node: ProtocolNode) -> None:

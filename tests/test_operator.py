@@ -149,6 +149,9 @@ def test_deadlock_reported_once(spawn) -> None:  # type: ignore[no-untyped-def]
         waitFor(lambda: "Deadlock" in node.tail(), 10, what="deadlock logged")
     # Closing the connections withdraws the waits: the cycle is gone.
     waitFor(lambda: get(http, "/status")["deadlocks"] == [], 10, what="cycle gone")
+    withdrawn = {(e["who"], e["key"]) for e in get(http, "/events")["events"]
+                 if e["type"] == "withdrawal"}
+    assert withdrawn == {("x", "b"), ("y", "c"), ("z", "a")}
     assert node.tail(200).count("Deadlock") == 1
     assert metric(http, "lockservice_deadlocks_total") == "1.0"
 
@@ -238,3 +241,26 @@ def test_force_release_is_replicated(cluster, tmp_path) -> None:  # type: ignore
         assert answer["next_token"] == new > int(old)
         waitFor(lambda: get(ports[1], "/locks?key=shared").get("token") == new, 10,
                 what="force-release replicated")
+
+
+def test_handoff_promotion_event(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    A graceful stop of the active: its successor records a promotion by
+    handoff.
+    """
+    import signal
+
+    ports = [freePort(), freePort()]
+    c = cluster(2, start=False)
+    for node, port in zip(c.nodes, ports, strict=True):
+        node.args = [*node.args, "--http", f"tcp:{port}:interface=127.0.0.1"]
+    c.start()
+    first, second = c.nodes
+    waitFor(lambda: get(ports[1], "/status")["role"] == "standby"
+            and get(ports[0], "/status")["role"] == "active", 15, what="roles settled")
+    first.signal(signal.SIGINT)
+    waitFor(lambda: any(e["type"] == "promotion" for e in get(ports[1], "/events")["events"]),
+            15, what="promotion by handoff")
+    [event] = [e for e in get(ports[1], "/events")["events"] if e["type"] == "promotion"]
+    assert event["who"] == second.address
+    assert event["detail"].startswith(f"by handoff from {first.address}")

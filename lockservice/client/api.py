@@ -428,112 +428,12 @@ class LockClient:
         giveUpAt: float, wanted: Callable[[], bool] = lambda: True,
     ) -> "Deferred[Tuple[Fields, float]]":
         """
-        Send an idempotent request (C{R}, C{N}) at once, then again every
-        C{every} seconds (at start + k * every exactly) on a connection that
-        is not already carrying it, until an answer settles it or
-        C{giveUpAt} (then L{_GaveUp}).  A redirect is followed at once.
-
-        An C{OK} answer settles at once; a C{STALE} one only when no other
-        copy is still on its way (a retry may overtake the copy that did the
-        work and come back C{STALE} first).
+        Send an idempotent request (C{R}, C{N}) until it is answered; see
+        L{_Retried}.
 
         @return: the answer's fields and when the answered copy was sent.
         """
-        start = self.clock.seconds()
-        result: "Deferred[Tuple[Fields, float]]" = Deferred()
-        carrying: Set[int] = set()  # id() of slots with a copy on its way
-        state: Dict[str, Any] = {"stale": None, "problem": "no connection up", "tick": None,
-                                 "k": 0, "end": None}
-
-        def finish(value: Any) -> None:
-            self._onClose.discard(finish)
-            if result.called:
-                return
-            self._cancel(state["tick"])
-            self._cancel(state["end"])
-            if isinstance(value, Exception):
-                result.errback(value)
-            else:
-                result.callback(value)
-
-        def sendOn(slot: Slot) -> None:
-            if result.called or not wanted():
-                finish(_Abandoned())
-                return
-            assert slot.protocol is not None
-            sentAt = self.clock.seconds()
-            carrying.add(id(slot))
-            d = slot.protocol.request(op, key, line)
-
-            def answered(fields: Fields) -> None:
-                carrying.discard(id(slot))
-                if fields[0] == b"M":
-                    target = fields[3] if len(fields) > 3 else b"*"
-                    if target == b"*":
-                        state["problem"] = "no active node (M *)"
-                        settleStale()
-                        return
-                    state["problem"] = f"redirected to {target.decode()}"
-                    switched = slot.switchTo(target.decode())
-                    switched.addCallbacks(
-                        lambda _: sendOn(slot) if slot.up and not result.called else None,
-                        lambda f: None)
-                    return
-                if fields[0] == b"E":
-                    finish(LockRejected(b" ".join(fields[3:]).decode("utf-8", "replace")))
-                    return
-                if len(fields) >= 3 and fields[2] == b"STALE":
-                    state["stale"] = (fields, sentAt)
-                    settleStale()
-                    return
-                finish((fields, sentAt))
-
-            def dropped(failure: Any) -> None:
-                carrying.discard(id(slot))
-                state["problem"] = f"connection dropped ({failure.getErrorMessage()})"
-                settleStale()
-
-            d.addCallbacks(answered, dropped)
-
-        def settleStale() -> None:
-            if state["stale"] is not None and not carrying:
-                finish(state["stale"])
-
-        def tick() -> None:
-            state["tick"] = None
-            if result.called:
-                return
-            if not wanted():
-                finish(_Abandoned())
-                return
-            slot = self._pickFree(pool, carrying)
-            if slot is not None:
-                sendOn(slot)
-            state["k"] += 1
-            at = start + state["k"] * every
-            if at < giveUpAt - _EPSILON:
-                state["tick"] = self._later(at - self.clock.seconds(), tick)
-
-        def end() -> None:
-            state["end"] = None
-            if state["stale"] is not None:
-                finish(state["stale"])
-            else:
-                finish(_GaveUp(state["problem"]))
-
-        state["end"] = self._later(giveUpAt - start, end)
-        self._onClose.add(finish)
-        tick()
-        return result
-
-    def _pickFree(self, pool: Pool, busy: Set[int]) -> Optional[Slot]:
-        for _ in range(len(pool.slots)):
-            slot = pool.pick()
-            if slot is None:
-                return None
-            if id(slot) not in busy:
-                return slot
-        return None
+        return _Retried(self, pool, op, key, line, every, giveUpAt, wanted).start()
 
     # -- release -------------------------------------------------------------
 
@@ -778,6 +678,131 @@ class LockClient:
                 await d
 
         return Deferred.fromCoroutine(all_lost())
+
+
+class _Retried:
+    """
+    One idempotent request (C{R}, C{N}) sent at once, then again every
+    C{every} seconds -- at start + k * every exactly, each time on a
+    connection that is not already carrying a copy -- until an answer
+    settles it, or until C{giveUpAt} (then L{_GaveUp}).  A redirect (C{M
+    op key host:port}) is followed at once; C{M op key *} and drops just
+    wait for the next tick.
+
+    An C{OK} answer settles at once; a C{STALE} one only when no other copy
+    is still on its way (a retry may overtake the copy that did the work and
+    come back C{STALE} first), or at C{giveUpAt}.
+    """
+
+    def __init__(self, client: LockClient, pool: Pool, op: bytes, key: bytes, line: bytes,
+                 every: float, giveUpAt: float, wanted: Callable[[], bool]) -> None:
+        self.client = client
+        self.pool = pool
+        self.op = op
+        self.key = key
+        self.line = line
+        self.every = every
+        self.giveUpAt = giveUpAt
+        self.wanted = wanted
+        self.result: "Deferred[Tuple[Fields, float]]" = Deferred()
+        self.carrying: Set[int] = set()  # id() of slots with a copy on its way
+        self.stale: Optional[Tuple[Fields, float]] = None
+        self.problem = "no connection up"
+        self.sends = 0
+        self.started = 0.0
+        self.tickCall: Optional[IDelayedCall] = None
+        self.endCall: Optional[IDelayedCall] = None
+
+    def start(self) -> "Deferred[Tuple[Fields, float]]":
+        self.started = self.client.clock.seconds()
+        self.endCall = self.client._later(self.giveUpAt - self.started, self._end)
+        self.client._onClose.add(self._finish)
+        self._tick()
+        return self.result
+
+    def _finish(self, value: Any) -> None:
+        self.client._onClose.discard(self._finish)
+        if self.result.called:
+            return
+        self.client._cancel(self.tickCall)
+        self.client._cancel(self.endCall)
+        if isinstance(value, Exception):
+            self.result.errback(value)
+        else:
+            self.result.callback(value)
+
+    def _tick(self) -> None:
+        self.tickCall = None
+        if self.result.called:
+            return
+        if not self.wanted():
+            self._finish(_Abandoned())
+            return
+        slot = self._freeSlot()
+        if slot is not None:
+            self._sendOn(slot)
+        self.sends += 1
+        at = self.started + self.sends * self.every
+        if at < self.giveUpAt - _EPSILON:
+            self.tickCall = self.client._later(at - self.client.clock.seconds(), self._tick)
+
+    def _end(self) -> None:
+        self.endCall = None
+        self._finish(self.stale if self.stale is not None else _GaveUp(self.problem))
+
+    def _freeSlot(self) -> Optional[Slot]:
+        """
+        The next connected slot (round-robin) not carrying a copy already.
+        """
+        for _ in range(len(self.pool.slots)):
+            slot = self.pool.pick()
+            if slot is None:
+                return None
+            if id(slot) not in self.carrying:
+                return slot
+        return None
+
+    def _sendOn(self, slot: Slot) -> None:
+        if self.result.called or not self.wanted():
+            self._finish(_Abandoned())
+            return
+        assert slot.protocol is not None
+        sentAt = self.client.clock.seconds()
+        self.carrying.add(id(slot))
+        d = slot.protocol.request(self.op, self.key, self.line)
+        d.addCallbacks(lambda fields: self._answered(slot, fields, sentAt),
+                       lambda failure: self._dropped(slot, failure))
+
+    def _answered(self, slot: Slot, fields: Fields, sentAt: float) -> None:
+        self.carrying.discard(id(slot))
+        if fields[0] == b"M":
+            target = fields[3] if len(fields) > 3 else b"*"
+            if target == b"*":
+                self.problem = "no active node (M *)"
+                self._settleStale()
+                return
+            self.problem = f"redirected to {target.decode()}"
+            slot.switchTo(target.decode()).addCallbacks(
+                lambda _: self._sendOn(slot) if slot.up and not self.result.called else None,
+                lambda f: None)
+            return
+        if fields[0] == b"E":
+            self._finish(LockRejected(b" ".join(fields[3:]).decode("utf-8", "replace")))
+            return
+        if len(fields) >= 3 and fields[2] == b"STALE":
+            self.stale = (fields, sentAt)
+            self._settleStale()
+            return
+        self._finish((fields, sentAt))
+
+    def _dropped(self, slot: Slot, failure: Any) -> None:
+        self.carrying.discard(id(slot))
+        self.problem = f"connection dropped ({failure.getErrorMessage()})"
+        self._settleStale()
+
+    def _settleStale(self) -> None:
+        if self.stale is not None and not self.carrying:
+            self._finish(self.stale)
 
 
 class _Held:

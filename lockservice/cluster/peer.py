@@ -117,6 +117,7 @@ class PeerChannel:
         self.snapshot: Optional[Any] = None
         self.closing = False
         self.socketError = 0
+        self.tcpReason: Optional[Failure] = None
         watchSocketError(transport, self._socketError)
         self.lastReceived = cluster.clock.seconds()
         self._buffer = b""
@@ -239,8 +240,9 @@ class PeerChannel:
             # The rest in one call: a snapshot's lines are applied in bulk.
             self.cluster.peerLines(self, lines)
 
-    def _socketError(self, errno: int) -> None:
+    def _socketError(self, errno: int, reason: Failure) -> None:
         self.socketError = errno
+        self.tcpReason = reason
 
     def connectionLost(self, reason: Failure) -> None:
         self._cancelTimeout()
@@ -249,7 +251,10 @@ class PeerChannel:
             # process; a reset (which Twisted may also report as
             # ConnectionDone, hence the socket's own error) or any other
             # error is network trouble.
-            clean = reason.check(ConnectionDone) is not None and self.socketError == 0
+            # Under TLS, judge the TCP connection below (a FIN without TLS's
+            # close_notify is what an exited process leaves).
+            tcp = self.tcpReason or reason
+            clean = tcp.check(ConnectionDone) is not None and self.socketError == 0
             self.cluster.channelLost(self, clean=clean)
 
 

@@ -36,7 +36,7 @@ from zope.interface import implementer
 
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
-from lockservice.internals import nothingBuffered, plainSocket
+from lockservice.internals import flushToKernel, nothingBuffered, plainSocket
 
 if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
@@ -49,8 +49,9 @@ PLAUSIBLE_AHEAD = 3600 * 10**6
 def writeNow(channel: PeerChannel, data: bytes) -> None:
     """
     Put C{data} into the kernel's socket buffer now when the link is plain
-    TCP with nothing queued in Twisted (a kill -9 right after cannot lose
-    it); otherwise queue it behind what the transport already holds.
+    TCP with nothing queued in Twisted; otherwise queue it behind what the
+    transport already holds and push that to the kernel too (TLS: the
+    encrypted bytes).  Either way a kill -9 right after cannot lose it.
     """
     transport: Any = channel.transport
     sock = plainSocket(transport)
@@ -63,6 +64,7 @@ def writeNow(channel: PeerChannel, data: bytes) -> None:
             return
         data = data[sent:]
     transport.write(data)
+    flushToKernel(transport)
 
 
 def _us(seconds: float) -> int:

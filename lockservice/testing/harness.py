@@ -325,7 +325,7 @@ def firstGrant(nodes: Sequence[Node], started: float, key: bytes, timeout: float
             if not node.alive():
                 continue
             try:
-                with LineClient(node.port, timeout=0.3) as c:
+                with LineClient(node.port, host=node.host, timeout=0.3) as c:
                     answer = c.ask(b"A " + key + b" 5 0.2")
                     if answer.startswith(b"A "):
                         elapsed = time.monotonic() - started

@@ -162,3 +162,31 @@ class Lab:
         for k in range(self.size) if i is None else [i]:
             self._iptables(k, "-F", "INPUT")
             self._iptables(k, "-F", "OUTPUT")
+
+
+class LabCluster:
+    """
+    A cluster of nodes, one per namespace of C{lab}, shaped like
+    L{lockservice.testing.harness.Cluster} (nodes, start, stop, addresses).
+    """
+
+    def __init__(self, lab: Lab, logDir: str, args: Sequence[str] = ()) -> None:
+        from lockservice.testing.harness import freePort
+
+        self.lab = lab
+        self.logDir = logDir
+        self.nodes = lab.nodes(freePort(), logDir, args)
+
+    def start(self) -> "LabCluster":
+        for node in self.nodes:
+            node.start(wait=False)
+        for node in self.nodes:
+            node.waitReady(30)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def addresses(self) -> List[str]:
+        return [n.address for n in self.nodes]

@@ -9,11 +9,19 @@ Exit status 0 only when every checker reports 0.
 Workers (the project's own client, connected through fault-injecting TCP
 proxies) loop: acquire one of a few shared keys -> critical section (two
 writes to an in-harness fenced resource, with the grant's token) ->
-release.  Faults: kill -9 of the active (and restart), SIGSTOP/SIGCONT of
+release.
+
+Process faults: kill -9 of the active (and restart), SIGSTOP/SIGCONT of
 the active (split brain), SIGINT of the active (graceful handoff, and
-restart), kill -9 of a client process holding a lock, client connections
-cut or stalled through the proxies.  Peer partitions with network
-namespaces are not injected (see docs/reliability.md).
+restart), kill -9 of client processes (one holding a lock, one queued
+behind it), client connections cut or stalled through the proxies.
+
+Network faults (root only: each node then runs in its own network
+namespace on a bridge, see L{lockservice.testing.netns}): the active's
+peer links cut while clients still reach it, the active cut off from its
+clients, an asymmetric cut (the active hears no peer but they hear it),
+and 0.5 s of TCP resets on the active's peer links (must promote nobody).
+Without root these are skipped with one line, and the rest runs.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -36,6 +45,7 @@ from twisted.internet.threads import deferToThread
 from lockservice.client.api import LockClient, LockTimeout, ReleaseFailed, connect
 from lockservice.client.fencing import FenceGuard, StaleToken
 from lockservice.tcp import clientEndpoint
+from lockservice.testing import netns
 from lockservice.testing.harness import Cluster, activeNodes, firstGrant, twistdEnvironment
 from lockservice.testing.proxy import FaultProxy
 from lockservice.verify.failover import summary
@@ -46,6 +56,7 @@ KEYS = ["res/0", "res/1", "res/2"]
 SENTINELS = ["sentinel/0", "sentinel/1", "sentinel/2"]
 FAULT_KINDS = ["kill9-active", "sigstop-active", "sigint-active", "kill9-client",
                "proxy-cut", "proxy-stall"]
+NET_FAULT_KINDS = ["peer-cut", "client-cut", "asym-cut", "peer-reset"]
 now = time.monotonic
 
 
@@ -93,6 +104,8 @@ class History:
     faults: List[Fault] = field(default_factory=list)
     gaps: Dict[str, List[float]] = field(default_factory=dict)
     abandoned: List[Tuple[float, float, Optional[float]]] = field(default_factory=list)
+    abandonedWaiters: List[Tuple[float, Optional[float]]] = field(default_factory=list)
+    resetPromotions: int = 0
     handoffChecks: int = 0
     handoffLost: int = 0
     staleReleases: int = 0
@@ -125,17 +138,29 @@ class FencedResource:
 
 def checkFence(h: History) -> int:
     """
-    Accepted accesses per key carry non-decreasing tokens, and once a higher
-    token was accepted no lower one ever is.
+    What the resource actually accepted, judged on its own record (not on
+    the guard's logic): per key, an accepted token lower than one accepted
+    before is a violation, and so are two grants whose accepted accesses
+    interleave (an overlap of accepted critical sections: A, B, A).
     """
     violations = 0
-    highest: Dict[str, int] = {}
+    byKey: Dict[str, List[Access]] = {}
     for access in sorted(h.accesses, key=lambda a: a.at):
-        if not access.accepted:
-            continue
-        if access.token < highest.get(access.key, -1):
-            violations += 1
-        highest[access.key] = max(highest.get(access.key, -1), access.token)
+        if access.accepted:
+            byKey.setdefault(access.key, []).append(access)
+    for accepted in byKey.values():
+        highest = -1
+        spans: Dict[int, List[float]] = {}
+        for access in accepted:
+            if access.token < highest:
+                violations += 1
+            highest = max(highest, access.token)
+            span = spans.setdefault(access.token, [access.at, access.at])
+            span[1] = access.at
+        ordered = sorted(spans.values())
+        for (_, end), (start, _) in zip(ordered, ordered[1:], strict=False):
+            if start < end:
+                violations += 1
     return violations
 
 
@@ -206,22 +231,37 @@ def checkAbandoned(h: History) -> int:
                if regranted is None or regranted - grantedAt > lease * 1.1)
 
 
+def checkAbandonedWaiters(h: History) -> int:
+    """
+    A waiter killed while queued is withdrawn: when the key is released,
+    the next acquire gets it within a second (not after the dead waiter's
+    lease).
+    """
+    return sum(1 for releasedAt, regranted in h.abandonedWaiters
+               if regranted is None or regranted - releasedAt > 1.0)
+
+
 # -- the run ---------------------------------------------------------------------------
 
 
 class _Victim(ProcessProtocol):
     def __init__(self) -> None:
+        self.ready: Deferred[float] = Deferred()
         self.granted: Deferred[float] = Deferred()
         self.buffer = b""
 
     def outReceived(self, data: bytes) -> None:
         self.buffer += data
+        if b"CONNECTED" in self.buffer and not self.ready.called:
+            self.ready.callback(now())
         if b"GRANTED" in self.buffer and not self.granted.called:
             self.granted.callback(now())
 
     def processEnded(self, reason: Any) -> None:
-        if not self.granted.called:
-            self.granted.errback(RuntimeError("victim exited before its grant"))
+        for d in (self.ready, self.granted):
+            if not d.called:
+                d.errback(RuntimeError("victim exited early"))
+                d.addErrback(lambda _: None)  # not awaited: do not log it
 
 
 class Chaos:
@@ -239,6 +279,11 @@ class Chaos:
         self.sentinels: Dict[str, Any] = {}
         self.victims: List[Any] = []
         self.logDir = tempfile.mkdtemp(prefix="lockservice-chaos-")
+        why = netns.unavailable()
+        self.lab: Optional[netns.Lab] = None
+        self.netSkipped = why
+        if why is None:
+            self.lab = netns.Lab(3)
 
     def sleep(self, seconds: float) -> "Deferred[None]":
         return deferLater(self.reactor, seconds, lambda: None)
@@ -246,11 +291,16 @@ class Chaos:
     # -- set-up --------------------------------------------------------------
 
     async def setUp(self) -> None:
-        self.cluster = Cluster(3, logDir=self.logDir)
+        self.cluster: Any
+        if self.lab is not None:
+            await deferToThread(self.lab.open)
+            self.cluster = netns.LabCluster(self.lab, self.logDir)
+        else:
+            self.cluster = Cluster(3, logDir=self.logDir)
         await deferToThread(self.cluster.start)
         self.proxies: Dict[str, FaultProxy] = {}
         for node in self.cluster.nodes:
-            proxy = FaultProxy(self.reactor, "127.0.0.1", node.port)
+            proxy = FaultProxy(self.reactor, node.host, node.port)
             await proxy.start()
             self.proxies[node.address] = proxy
         await self.settled(20)
@@ -284,6 +334,8 @@ class Chaos:
                 pass
         if hasattr(self, "cluster"):
             await deferToThread(self.cluster.stop)
+        if self.lab is not None:
+            await deferToThread(self.lab.close)
 
     async def settled(self, timeout: float) -> None:
         """
@@ -428,6 +480,8 @@ class Chaos:
         elif kind == "proxy-cut":
             proxy = self.busiestProxy()
             fault.detail = f"cut {proxy.cutAll()} links"
+        elif kind in NET_FAULT_KINDS:
+            await self.networkFault(kind, fault)
         elif kind == "proxy-stall":
             proxy = self.busiestProxy()
             proxy.stall()
@@ -436,6 +490,42 @@ class Chaos:
             fault.windowEnd = now() + 0.5
             fault.detail = f"stalled {len(proxy.links)} links for 1 s"
         self.log(f"  fault {kind:15} {fault.detail}")
+
+    async def networkFault(self, kind: str, fault: Fault) -> None:
+        lab = self.lab
+        assert lab is not None
+        node = await self.activeNode()
+        i = self.cluster.nodes.index(node)
+        others = [n for n in self.cluster.nodes if n is not node]
+        promotedBefore = [n.tail(100000).count("promoted to active") for n in others]
+        fault.start = now()
+        if kind == "peer-cut":
+            await deferToThread(lab.cutPeers, i)
+            await self.sleep(3.0)
+        elif kind == "asym-cut":
+            await deferToThread(lab.cutPeers, i, "DROP", True, False)
+            await self.sleep(3.0)
+        elif kind == "client-cut":
+            await deferToThread(lab.cutClients, i)
+            await self.sleep(2.0)
+        elif kind == "peer-reset":
+            await deferToThread(lab.cutPeers, i, "RESET", True, True, True)
+            await self.sleep(0.5)
+        await deferToThread(lab.heal)
+        healed = now()
+        await self.settled(20)
+        settled = now() - healed
+        if kind == "peer-reset":
+            await self.sleep(1.5)  # longer than --peer-timeout after the resets
+            promoted = sum(n.tail(100000).count("promoted to active") - before
+                           for n, before in zip(others, promotedBefore, strict=True))
+            self.history.resetPromotions += promoted
+            fault.detail = f"{node.name}: 0.5 s of resets, {promoted} promotions"
+        else:
+            if kind != "client-cut":
+                fault.windowEnd = now() + 1.0  # split brain is allowed inside
+            fault.detail = f"{node.name}: one active {settled * 1000:.0f} ms after the heal"
+        await self.refreshSentinels(checkLost=False)
 
     def busiestProxy(self) -> FaultProxy:
         """
@@ -451,20 +541,42 @@ class Chaos:
         await deferToThread(node.waitReady, 20)
         await self.settled(20)
 
-    async def abandon(self, fault: Fault) -> None:
-        """
-        A client process takes a lock and is killed with SIGKILL holding it;
-        the lock must be granted again within its lease + 10%.
-        """
-        key = f"abandoned/{len(self.history.abandoned)}"
+    def spawnVictim(self, key: str, lease: float) -> Tuple[_Victim, Any]:
         victim = _Victim()
         process = self.reactor.spawnProcess(
             victim, sys.executable,
             [sys.executable, "-m", "lockservice.chaos", "victim", "--addrs",
-             ",".join(self.cluster.addresses()), "--key", key, "--lease", str(LEASE)],
+             ",".join(self.cluster.addresses()), "--key", key, "--lease", str(lease)],
             env=twistdEnvironment(),
         )
         self.victims.append(process)
+        return victim, process
+
+    async def abandon(self, fault: Fault) -> None:
+        """
+        Client processes killed with SIGKILL: one queued behind a lock, one
+        holding a lock.  The dead waiter is withdrawn (the key goes to the
+        next acquire at once), and the dead holder's lock is granted again
+        within its lease + 10%.
+        """
+        n = len(self.history.abandoned)
+        queuedKey = f"abandoned-waiter/{n}"
+        blocker = await self.probe.acquire(queuedKey, 30, 15)
+        waiter, waiterProcess = self.spawnVictim(queuedKey, 30)
+        await waiter.ready
+        await self.sleep(0.3)  # its acquire is on the wire and queued
+        waiterProcess.signalProcess("KILL")
+        await self.sleep(0.2)
+        await self.probe.release(blocker)
+        releasedAt = now()
+        try:
+            regrantedAfterWaiter: Optional[float] = await self.timedGrant(queuedKey, wait=5)
+        except Exception:
+            regrantedAfterWaiter = None
+        self.history.abandonedWaiters.append((releasedAt, regrantedAfterWaiter))
+
+        key = f"abandoned/{n}"
+        victim, process = self.spawnVictim(key, LEASE)
         grantedAt = await victim.granted
         process.signalProcess("KILL")
         try:
@@ -472,17 +584,25 @@ class Chaos:
         except Exception:
             regranted = None
         self.history.abandoned.append((grantedAt, LEASE, regranted))
-        fault.detail = ("regranted after never" if regranted is None
-                        else f"regranted after {regranted - grantedAt:.2f} s (lease {LEASE} s)")
+        fault.detail = (
+            ("holder's lock regranted never" if regranted is None
+             else f"holder's lock regranted after {regranted - grantedAt:.2f} s (lease {LEASE} s)")
+            + ("; dead waiter's key regranted never" if regrantedAfterWaiter is None
+               else f"; dead waiter's key regranted {regrantedAfterWaiter - releasedAt:.2f} s "
+                    "after the release"))
+
+    def kinds(self) -> List[str]:
+        return FAULT_KINDS + (NET_FAULT_KINDS if self.lab is not None else [])
 
     async def faults(self, until: float) -> None:
-        order = list(FAULT_KINDS)
+        kinds = self.kinds()
+        order = list(kinds)
         self.rng.shuffle(order)
         while now() < until:
             await self.sleep(self.rng.uniform(2.0, 4.0))
             if now() >= until:
                 break
-            kind = order.pop(0) if order else self.rng.choice(FAULT_KINDS)
+            kind = order.pop(0) if order else self.rng.choice(kinds)
             await self.inject(kind)
 
     # -- the whole run ---------------------------------------------------------
@@ -493,6 +613,10 @@ class Chaos:
             await self.setUp()
             self.log(f"cluster up in {now() - started:.1f} s; {self.workerCount} workers; "
                      f"seed {self.seed}; logs in {self.logDir}")
+            if self.netSkipped is not None:
+                self.log(f"network faults skipped: {self.netSkipped}")
+            else:
+                self.log("network faults on: each node in its own network namespace")
             workers = [Deferred.fromCoroutine(self.work(i)) for i in range(self.workerCount)]
             end = now() + self.duration
             await self.faults(until=end - 6)
@@ -516,6 +640,8 @@ class Chaos:
             "acquires_lost": lost,
             "acquires_late": late,
             "abandoned_locks_regranted_late": checkAbandoned(h),
+            "dead_waiters_not_withdrawn": checkAbandonedWaiters(h),
+            "promotions_after_link_resets": h.resetPromotions,
             "handoff_locks_lost": h.handoffLost,
         }
         faults: Dict[str, int] = {}
@@ -540,6 +666,8 @@ class Chaos:
             "faults": faults,
             "failover_gaps": gaps,
             "checkers": checkers,
+            "network_faults": self.netSkipped is None,
+            "logs": self.logDir,
             "ok": all(v == 0 for v in checkers.values()),
         }
 
@@ -574,7 +702,8 @@ def victim(addrs: str, key: str, lease: float) -> None:
     async def hold(reactor: Any) -> None:
         client = connect(reactor, addrs)
         await client.whenConnected(20)
-        lock = await client.acquire(key, lease, 30)
+        print("CONNECTED", flush=True)
+        lock = await client.acquire(key, lease, 60)
         print(f"GRANTED {lock.token}", flush=True)
         await Deferred()  # hold until killed
 
@@ -609,6 +738,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       log=(lambda *a: None) if args.json else print)
         result.update(await chaos.run())
 
+
     try:
         react(lambda reactor: Deferred.fromCoroutine(body(reactor)))
     except SystemExit as e:
@@ -617,6 +747,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not result:
         return 1
     print(json.dumps(result, indent=2) if args.json else formatReport(result))
+    if result["ok"]:
+        # Keep the nodes' logs only when they explain a failure.
+        shutil.rmtree(result["logs"], ignore_errors=True)
+    elif not args.json:
+        print(f"logs kept in {result['logs']}")
     return 0 if result["ok"] else 1
 
 
