@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 
 from lockservice.testing.harness import LineClient, freePort, twistdEnvironment, waitFor
 
@@ -189,11 +190,11 @@ def _runLocked(node, key: str, tmp_path, extra: list, child: str):  # type: igno
 def test_run_renews_the_lock_while_the_command_runs(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
     node = spawn()
     done = tmp_path / "done"
-    proc, tokenFile = _runLocked(node, "run/renewed", tmp_path, ["--lease", "1"],
-                                 f"time.sleep(3.5); pathlib.Path({str(done)!r}).touch()")
+    proc, tokenFile = _runLocked(node, "run/renewed", tmp_path, ["--lease", "2"],
+                                 f"time.sleep(5); pathlib.Path({str(done)!r}).touch()")
     try:
         token = tokenFile.read_text().encode()
-        # Well past the 1 s lease, the key stays held until the child is
+        # Well past the 2 s lease, the key stays held until the child is
         # done (it writes "done" before it exits, so before run releases).
         with LineClient(node.port) as c:
             while True:
@@ -243,14 +244,15 @@ def test_run_kills_a_command_that_ignores_sigterm_after_the_grace(spawn, tmp_pat
 
 def test_cli_runs_under_the_asyncio_reactor(spawn) -> None:  # type: ignore[no-untyped-def]
     node = spawn()
-    got = cli("--reactor", "asyncio", "run", "asyncio/run", "--lease", "1", "--addr",
+    got = cli("--reactor", "asyncio", "run", "asyncio/run", "--lease", "2", "--addr",
               node.address, "--", sys.executable, "-c",
-              "import os, time; time.sleep(2.5); print(os.environ['LOCKSERVICE_TOKEN'])")
+              "import os, time; time.sleep(4); print(os.environ['LOCKSERVICE_TOKEN'])")
     assert got.returncode == 0, got.stderr
     token = got.stdout.strip()
     assert token.isdigit()
     with LineClient(node.port) as c:
-        # Renewed past its 1 s lease while the command ran, released after.
+        # Renewed past its 2 s lease while the command ran (a lost lock
+        # would have made run exit 74), released after.
         assert c.ask(b"R asyncio/run " + token) == b"R asyncio/run STALE"
     acquired = cli("--reactor", "asyncio", "acquire", "asyncio/k", "--addr", node.address)
     assert acquired.returncode == 0, acquired.stderr
@@ -330,8 +332,13 @@ def test_events_follow_prints_new_events_as_they_come(spawn) -> None:  # type: i
             c.ask(b"A other/k 30 0")
             c.ask(b"R follow/k " + token)
         assert proc.stdout is not None
+        # A watchdog: if the events never come, kill the follower so that
+        # readline returns instead of hanging the test.
+        watchdog = threading.Timer(30, proc.kill)
+        watchdog.start()
         first = proc.stdout.readline().decode()
         second = proc.stdout.readline().decode()
+        watchdog.cancel()
         assert " grant " in first and "follow/k" in first and "who=follower" in first
         assert " release " in second and "follow/k" in second
     finally:
@@ -362,8 +369,8 @@ def test_acquire_release_run_and_shell_over_mutual_tls(spawn, tmp_path) -> None:
     token = got.stdout.decode().strip()
     released = cli("release", "tls/k", token, "--addr", node.address, *tls)
     assert (released.returncode, released.stdout) == (0, b"OK\n")
-    ran = cli("run", "tls/run", "--lease", "1", "--addr", node.address, *tls, "--",
-              sys.executable, "-c", "import time; time.sleep(1.5)")
+    ran = cli("run", "tls/run", "--lease", "2", "--addr", node.address, *tls, "--",
+              sys.executable, "-c", "import time; time.sleep(2.5)")
     assert ran.returncode == 0, ran.stderr
     shell = subprocess.run(
         [sys.executable, "-m", "lockservice.cli", "shell", node.address, *tls],
@@ -414,3 +421,25 @@ def test_cli_names_itself_unless_told(spawn) -> None:  # type: ignore[no-untyped
     assert cli("acquire", "named/told", "--name", "nightly-report",
                "--addr", node.address).returncode == 0
     assert holder("named/told") == "nightly-report"
+
+
+def test_cli_spreads_keys_over_clusters(spawn) -> None:  # type: ignore[no-untyped-def]
+    from lockservice.client.sharding import choose
+
+    a, b = spawn(), spawn()
+    ids = [a.address.encode(), b.address.encode()]
+    # Three keys served by each cluster (the ports, so the ids, vary).
+    candidates = [f"shard/{i}" for i in range(200)]
+    keys = ([k for k in candidates if choose(ids, k.encode()) == 0][:3]
+            + [k for k in candidates if choose(ids, k.encode()) == 1][:3])
+    for i, key in enumerate(keys):
+        # Both spellings: --cluster repeated, and ';' between clusters.
+        where = (["--cluster", a.address, "--cluster", b.address] if i % 2
+                 else ["--addr", f"{a.address};{b.address}"])
+        got = cli("acquire", key, *where)
+        assert got.returncode == 0, got.stderr
+        owner, other = (a, b) if choose(ids, key.encode()) == 0 else (b, a)
+        with LineClient(owner.port) as c:
+            assert c.ask(f"A {key} 30 0.1".encode()) == f"T {key}".encode()
+        with LineClient(other.port) as c:
+            assert c.ask(f"A {key} 30 0.1".encode()).startswith(f"A {key} ".encode())

@@ -262,7 +262,7 @@ class LockService(Service):
         self.role = role
         self.activeAddress = activeAddress
         for watcher in self.activity:
-            self._notify(watcher.roleChanged, role)
+            self._notify(watcher.roleChanged, self.clock.seconds(), role, self.table.holders())
         if wasActive and role != ACTIVE:
             self._cancelLeaseTimers()
         if role == ACTIVE and not wasActive:
