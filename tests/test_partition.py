@@ -116,9 +116,10 @@ def test_half_second_of_resets_promotes_nobody(lab) -> None:  # type: ignore[no-
             time.sleep(0.02)
     finally:
         lab.heal()
-    # Watch for well over --peer-timeout after the resets end.
+    # Watch for well over --peer-timeout after the resets end (a probe that
+    # times out on a loaded machine proves nothing either way).
     while time.monotonic() - started < 3.0:
-        assert actives(nodes) == [0]
+        assert role(nodes[1]) != "active" and role(nodes[2]) != "active"
         time.sleep(0.05)
     assert release(nodes[0], b"kept", token) == b"R kept OK"
     for node in nodes[1:]:

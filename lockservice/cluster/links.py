@@ -12,8 +12,9 @@ heals):
     exited process) makes us dial the peer's port at once; when that is
     refused too, the peer is dead now, without waiting for the timeout
     (a kill -9 fails over in milliseconds).
-  - A reset or broken link (RST, timeout), and refusals while a reset is
-    recent, are network trouble: we redial and let --peer-timeout decide.
+  - A reset or broken link (RST, timeout), and refusals while we have not
+    heard from the peer since a reset, are network trouble: we redial and
+    let --peer-timeout decide.
   - A link silent for --peer-timeout is closed and redialed, so after a
     partition, however long, the nodes meet again within --peer-timeout
     plus the retry interval instead of waiting for TCP's backoff.
@@ -221,8 +222,8 @@ class Links:
         def failed(reason: Failure) -> None:
             if not reason.check(ConnectionRefusedError):
                 return
-            if self.resetAt.get(j, -inf) >= closedAt - self.peerTimeout:
-                return  # a reset lately: network trouble, not an exit
+            if self.resetAt.get(j, -inf) >= self.lastHeard.get(j, -inf):
+                return  # no word from it since a reset: network trouble, not an exit
             if self.lastHeard.get(j, -inf) > closedAt or self.linked(j):
                 return  # heard from it since
             self.dead.add(j)

@@ -11,6 +11,13 @@ SIGINT of the active (signal to the first grant on the successor), the
 failover gap when the active is paused with SIGSTOP (no connection closes:
 the peer timeout must notice), and the time from SIGCONT until the
 lower-priority node has stepped down again.
+
+Then, with root (each node in its own network namespace, see
+L{lockservice.testing.netns}), two network trials per round: a partition
+(the active's peer links dropped for C{--partition} seconds while clients
+still reach it: the time from the heal until one active remains, holding
+both sides' locks), and 0.5 s of TCP resets on the active's peer links
+with both processes alive (promotions counted: there must be none).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import time
 import urllib.request
 from typing import Dict, List
 
+from lockservice.testing import netns
 from lockservice.testing.harness import (
     Cluster,
     LineClient,
@@ -135,19 +143,90 @@ def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # t
     }
 
 
+def networkTrials(trials: int, partition: float, log=print) -> Dict[str, Dict[str, float]]:  # type: ignore[no-untyped-def]
+    """
+    Partition and reset trials between nodes in network namespaces.
+    """
+    import tempfile
+
+    healed: List[float] = []
+    promotions: List[float] = []
+    logDir = tempfile.mkdtemp(prefix="lockservice-failover-")
+    with netns.Lab(3) as lab:
+        cluster = netns.LabCluster(lab, logDir).start()
+        nodes = cluster.nodes
+
+        def role(n: Node) -> object:
+            return probeRole(n.port, timeout=1, host=n.host)
+
+        def onlyFirst() -> bool:
+            return [i for i, n in enumerate(nodes) if role(n) == "active"] == [0]
+
+        try:
+            for trial in range(trials):
+                waitFor(onlyFirst, 20, what="node0 the only active")
+                with LineClient(nodes[0].port, host=nodes[0].host) as c:
+                    held = c.ask(b"A kept/%d 120 5" % trial)
+                lab.cutPeers(0)
+                try:
+                    waitFor(lambda: role(nodes[1]) == "active", 10, what="node1 promoted")
+                    time.sleep(partition)  # the partition's length is the point
+                finally:
+                    lab.heal()
+                start = time.monotonic()
+                waitFor(onlyFirst, 10, interval=0.01, what="one active after the heal")
+                healed.append(time.monotonic() - start)
+                with LineClient(nodes[0].port, host=nodes[0].host) as c:
+                    kept = c.ask(b"R kept/%d %s" % (trial, held.split()[2]))
+                assert kept.endswith(b" OK"), f"lock lost across the partition: {kept!r}"
+
+                before = sum(n.tail(100000).count("promoted to active") for n in nodes[1:])
+                lab.cutPeers(0, target="RESET", bothEnds=True)
+                time.sleep(0.5)
+                lab.heal()
+                time.sleep(2.0)  # well past --peer-timeout
+                after = sum(n.tail(100000).count("promoted to active") for n in nodes[1:])
+                promotions.append(after - before)
+                log(f"network trial {trial + 1}/{trials}: one active "
+                    f"{healed[-1] * 1000:.0f} ms after a {partition:g} s partition healed; "
+                    f"0.5 s of resets: {after - before} promotions")
+        finally:
+            cluster.stop()
+    import shutil
+
+    shutil.rmtree(logDir, ignore_errors=True)
+    return {
+        "partition_healed": summary(healed),
+        "reset_promotions": {"total": sum(promotions), "n": len(promotions)},
+    }
+
+
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--partition", type=float, default=5.0,
+                        help="seconds each partition trial lasts (default 5)")
+    parser.add_argument("--no-network", action="store_true",
+                        help="skip the partition and reset trials")
     args = parser.parse_args(argv)
-    results = run(args.trials, args.nodes,
-                  log=(lambda *a: None) if args.json else print)
+    log = (lambda *a: None) if args.json else print
+    results: Dict[str, Dict[str, float]] = run(args.trials, args.nodes, log=log)
+    why = "--no-network" if args.no_network else netns.unavailable()
+    if why is None:
+        results.update(networkTrials(args.trials, args.partition, log=log))
+    else:
+        log(f"partition and reset trials skipped: {why}")
     if args.json:
         print(json.dumps(results, indent=2))
     else:
         for name, s in results.items():
-            print(f"{name:16} p50 {s['p50_ms']:8.1f} ms   max {s['max_ms']:8.1f} ms   (n={s['n']})")
+            if "p50_ms" in s:
+                print(f"{name:18} p50 {s['p50_ms']:8.1f} ms   max {s['max_ms']:8.1f} ms"
+                      f"   (n={s['n']})")
+            else:
+                print(f"{name:18} {s['total']:g} in {s['n']:g} trials")
     return 0
 
 
