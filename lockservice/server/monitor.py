@@ -232,8 +232,9 @@ class Monitor:
     def _cycles(self, found: List[Cycle]) -> None:
         for cycle in found:
             description = cycle.describe()
+            # Not an event of the ring (its types are a fixed contract):
+            # /status, the metrics and the log report deadlocks.
             self.log.warn("Deadlock: {cycle}", cycle=description)
-            self._event(ev.DEADLOCK, cycle.steps[0][1], None, cycle.steps[0][0], description)
 
     def deadlocks(self) -> List[Dict[str, Any]]:
         """
@@ -285,8 +286,6 @@ class Monitor:
                 key=key.decode("utf-8", "replace"), who=who, token=token,
                 limit=f"{self.warnHold:g}",
             )
-            self._event(ev.LONG_HOLD, key, token, held.owner,
-                        f"held for more than {self.warnHold:g} s")
         self._arm()
 
     def isLongHold(self, key: bytes, token: int) -> bool:
