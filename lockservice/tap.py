@@ -112,9 +112,8 @@ class Options(usage.Options):
         """
         Print lockservice's version and exit.
         """
-        import twisted
-
         import lockservice
+        import twisted
 
         sys.stdout.write(f"lockservice {lockservice.__version__} "
                          f"(Twisted {twisted.__version__})\n")
