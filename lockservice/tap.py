@@ -108,6 +108,17 @@ class Options(usage.Options):
          "(POST /locks/KEY/release); without it force-release is off."],
     ]
 
+    def opt_version(self) -> None:
+        """
+        Print lockservice's version and exit.
+        """
+        import lockservice
+        import twisted
+
+        sys.stdout.write(f"lockservice {lockservice.__version__} "
+                         f"(Twisted {twisted.__version__})\n")
+        raise SystemExit(0)
+
     def parseOptions(self, options: Optional[List[str]] = None) -> None:
         # Report a bad option ourselves and exit non-zero: twistd before
         # 24.x printed the message but exited 0.
@@ -138,6 +149,9 @@ class Options(usage.Options):
             raise usage.UsageError(
                 "--peers needs --secret FILE: peers must prove a shared secret"
             )
+        _checkEndpoint("listen", self["listen"])
+        if self["http"]:
+            _checkEndpoint("http", self["http"])
         self._resolveTLS()
         if self["secret"] is not None:
             try:
@@ -255,6 +269,26 @@ class NodeService(MultiService):
 
     cluster: Optional["Cluster"] = None
 
+    def privilegedStartService(self) -> None:
+        # The listeners bind here (before the reactor runs).  A port that is
+        # busy or not allowed ends twistd with one line, not a traceback.
+        try:
+            super().privilegedStartService()
+        except Exception as e:
+            from twisted.internet.error import CannotListenError
+
+            reason = _oneLine(e) if isinstance(e, CannotListenError) else (
+                f"cannot listen: {_oneLine(e)}")
+            if _daemonized():
+                # twistd's waiting parent reports an exception (not a
+                # SystemExit) on its own stderr, and exits 1.
+                raise CannotStart(reason) from None
+            # twistd has sent sys.stderr to the log by now: use the real one.
+            stderr = sys.__stderr__ or sys.stderr
+            stderr.write(f"twistd lockservice: {reason}\n")
+            stderr.flush()
+            raise SystemExit(1) from None
+
     def stopService(self) -> "Deferred[None]":
         async def stop() -> None:
             if self.cluster is not None:
@@ -262,6 +296,45 @@ class NodeService(MultiService):
             await super(NodeService, self).stopService()
 
         return Deferred.fromCoroutine(stop())
+
+
+class CannotStart(Exception):
+    """
+    The node cannot start (a listener cannot bind).
+    """
+
+
+def _daemonized() -> bool:
+    """
+    True once twistd has daemonized this process (its standard error is
+    then /dev/null).
+    """
+    import os
+
+    try:
+        err, null = os.fstat(2), os.stat(os.devnull)
+    except OSError:
+        return False
+    return (err.st_rdev, err.st_ino) == (null.st_rdev, null.st_ino)
+
+
+def _oneLine(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
+def _checkEndpoint(name: str, description: str) -> None:
+    """
+    Parse a server endpoint string now, so a bad one is a usage error.
+    (Parsing binds nothing; an ssl: string reads its certificate files.)
+    """
+    from twisted.internet import reactor
+
+    try:
+        serverFromString(reactor, description)
+    except Exception as e:
+        raise usage.UsageError(
+            f"--{name} {description!r} is not a usable endpoint: {_oneLine(e)}") from None
 
 
 def _fitConnections(wanted: int) -> int:

@@ -246,7 +246,8 @@ def test_bad_tls_options_are_one_line_and_exit_2(ca, tmp_path, problem) -> None:
         "lonely-cert": (["--tls-cert", issued.cert], "go together"),
         "ca-alone": (["--tls-ca", ca.cert], "--tls-ca needs"),
         "both": (["--tls-cert", issued.cert, "--tls-key", issued.key,
-                  "--listen", f"ssl:{freePort()}:privateKey={issued.key}"], "not both"),
+                  "--listen", f"ssl:{freePort()}:privateKey={issued.key}:certKey={issued.cert}"],
+                 "not both"),
     }[problem]
     result = runTwistd(args)
     assert result.returncode == 2
