@@ -5,6 +5,7 @@ C{twistd lockservice}: command-line options and the service tree.
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
@@ -18,8 +19,8 @@ from twisted.python import usage
 from lockservice.core.wire import checkSeconds
 from lockservice.internals import raiseBindErrorsAtStart
 from lockservice.server.clock import useMonotonicTime, wallMicros
-from lockservice.server.protocol import LockFactory
-from lockservice.server.service import LockService
+from lockservice.server.protocol import DEFAULT_MAX_CONNECTIONS, PEER_RESERVE, LockFactory
+from lockservice.server.service import DEFAULT_MAX_KEYS, DEFAULT_MAX_WAITERS, LockService
 from lockservice.tcp import clientEndpoint
 from lockservice.tls import NodeTLS
 
@@ -35,6 +36,15 @@ def _seconds(name: str, positive: bool = True):  # type: ignore[no-untyped-def]
             return checkSeconds(text, f"--{name}", positive=positive)
         except ValueError as e:
             raise usage.UsageError(str(e)) from None
+
+    return parse
+
+
+def _count(name: str):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
+            raise usage.UsageError(f"--{name} must be a whole number >= 1, not {text!r}")
+        return int(text)
 
     return parse
 
@@ -77,6 +87,16 @@ class Options(usage.Options):
          _seconds("max-lease")],
         ["max-wait", None, 86400.0, "Largest wait a client may ask for, seconds.",
          _seconds("max-wait")],
+        ["max-keys", None, DEFAULT_MAX_KEYS,
+         "Most keys held (or queued for) at once; more: E A <key> too many keys.",
+         _count("max-keys")],
+        ["max-waiters", None, DEFAULT_MAX_WAITERS,
+         "Most acquires queued on one key; more: E A <key> too many waiters.",
+         _count("max-waiters")],
+        ["max-connections", None, DEFAULT_MAX_CONNECTIONS,
+         "Most client connections open at once (peers not counted; lowered to fit "
+         "the file descriptor limit); more: E * * too many connections.",
+         _count("max-connections")],
         ["heartbeat", None, 0.1, "Seconds between heartbeats to peers.", _seconds("heartbeat")],
         ["peer-timeout", None, 1.0,
          "Seconds of silence after which a peer counts as dead.", _seconds("peer-timeout")],
@@ -87,6 +107,17 @@ class Options(usage.Options):
          "File holding the bearer token for the HTTP force-release "
          "(POST /locks/KEY/release); without it force-release is off."],
     ]
+
+    def opt_version(self) -> None:
+        """
+        Print lockservice's version and exit.
+        """
+        import lockservice
+        import twisted
+
+        sys.stdout.write(f"lockservice {lockservice.__version__} "
+                         f"(Twisted {twisted.__version__})\n")
+        raise SystemExit(0)
 
     def parseOptions(self, options: Optional[List[str]] = None) -> None:
         # Report a bad option ourselves and exit non-zero: twistd before
@@ -118,6 +149,9 @@ class Options(usage.Options):
             raise usage.UsageError(
                 "--peers needs --secret FILE: peers must prove a shared secret"
             )
+        _checkEndpoint("listen", self["listen"])
+        if self["http"]:
+            _checkEndpoint("http", self["http"])
         self._resolveTLS()
         if self["secret"] is not None:
             try:
@@ -235,6 +269,26 @@ class NodeService(MultiService):
 
     cluster: Optional["Cluster"] = None
 
+    def privilegedStartService(self) -> None:
+        # The listeners bind here (before the reactor runs).  A port that is
+        # busy or not allowed ends twistd with one line, not a traceback.
+        try:
+            super().privilegedStartService()
+        except Exception as e:
+            from twisted.internet.error import CannotListenError
+
+            reason = _oneLine(e) if isinstance(e, CannotListenError) else (
+                f"cannot listen: {_oneLine(e)}")
+            if _daemonized():
+                # twistd's waiting parent reports an exception (not a
+                # SystemExit) on its own stderr, and exits 1.
+                raise CannotStart(reason) from None
+            # twistd has sent sys.stderr to the log by now: use the real one.
+            stderr = sys.__stderr__ or sys.stderr
+            stderr.write(f"twistd lockservice: {reason}\n")
+            stderr.flush()
+            raise SystemExit(1) from None
+
     def stopService(self) -> "Deferred[None]":
         async def stop() -> None:
             if self.cluster is not None:
@@ -242,6 +296,69 @@ class NodeService(MultiService):
             await super(NodeService, self).stopService()
 
         return Deferred.fromCoroutine(stop())
+
+
+class CannotStart(Exception):
+    """
+    The node cannot start (a listener cannot bind).
+    """
+
+
+def _daemonized() -> bool:
+    """
+    True once twistd has daemonized this process (its standard error is
+    then /dev/null).
+    """
+    import os
+
+    try:
+        err, null = os.fstat(2), os.stat(os.devnull)
+    except OSError:
+        return False
+    return (err.st_rdev, err.st_ino) == (null.st_rdev, null.st_ino)
+
+
+def _oneLine(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
+def _checkEndpoint(name: str, description: str) -> None:
+    """
+    Parse a server endpoint string now, so a bad one is a usage error.
+    (Parsing binds nothing; an ssl: string reads its certificate files.)
+    """
+    from twisted.internet import reactor
+
+    try:
+        serverFromString(reactor, description)
+    except Exception as e:
+        raise usage.UsageError(
+            f"--{name} {description!r} is not a usable endpoint: {_oneLine(e)}") from None
+
+
+def _fitConnections(wanted: int) -> int:
+    """
+    --max-connections, lowered so that the connections, the peers'
+    reserve and the node's own files fit the file descriptor limit: past
+    it, accept() fails and the node stops accepting anyone, peers included.
+    """
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, ValueError, OSError):
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    room = max(1, soft - PEER_RESERVE - 64)
+    if wanted > room:
+        from twisted.logger import Logger
+
+        Logger().warn("--max-connections lowered from {wanted} to {room}: the file "
+                      "descriptor limit is {soft}", wanted=wanted, room=room, soft=soft)
+        return room
+    return wanted
 
 
 def _raiseFileLimit() -> None:
@@ -294,11 +411,16 @@ def makeService(config: Options) -> IService:
     from twisted.internet import reactor
 
     useMonotonicTime(reactor)
+    # Objects made at start (modules, classes: tens of thousands) live
+    # forever: keep them out of every full garbage collection, whose pause
+    # is proportional to the objects it walks.
+    reactor.callWhenRunning(gc.freeze)
     _raiseFileLimit()
     _allowInterrupt()
     root = NodeService()
     locks = LockService(
-        reactor, wallMicros, maxLease=config["max-lease"], maxWait=config["max-wait"]  # type: ignore[arg-type]
+        reactor, wallMicros, maxLease=config["max-lease"], maxWait=config["max-wait"],  # type: ignore[arg-type]
+        maxKeys=config["max-keys"], maxWaiters=config["max-waiters"],
     )
     locks.setServiceParent(root)
     tls: Optional[NodeTLS] = config["tls"]
@@ -325,7 +447,8 @@ def makeService(config: Options) -> IService:
         cluster.setServiceParent(root)
         root.cluster = cluster
     factory: IProtocolFactory = LockFactory(
-        locks, cluster.acceptPeer if cluster is not None else None)
+        locks, cluster.acceptPeer if cluster is not None else None,
+        maxConnections=_fitConnections(config["max-connections"]))
     if tls is not None and tls.certificate is not None:
         factory = tls.wrapServerFactory(factory)
     listener = StreamServerEndpointService(serverFromString(reactor, config["listen"]), factory)

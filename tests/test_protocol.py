@@ -5,7 +5,7 @@ with a task.Clock driving leases and waits.
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 import pytest
 from twisted.internet.task import Clock
@@ -27,11 +27,14 @@ class Wall:
 
 
 class Node:
-    def __init__(self, maxLease: float = 86400.0, maxWait: float = 86400.0) -> None:
+    def __init__(self, maxLease: float = 86400.0, maxWait: float = 86400.0,
+                 **limits: Any) -> None:
         self.clock = Clock()
         self.wall = Wall()
-        self.service = LockService(self.clock, self.wall, maxLease, maxWait)
-        self.factory = LockFactory(self.service)
+        maxConnections = limits.pop("maxConnections", 10_000)
+        peerAcceptor = limits.pop("peerAcceptor", None)
+        self.service = LockService(self.clock, self.wall, maxLease, maxWait, **limits)
+        self.factory = LockFactory(self.service, peerAcceptor, maxConnections=maxConnections)
 
     def connect(self) -> "Conn":
         return Conn(self)

@@ -55,7 +55,8 @@ class Pinger(threading.Thread):
 
     def during(self, action: Callable[[], None]) -> float:
         """
-        Run C{action} while pinging; the slowest round trip seen.
+        Run C{action} while pinging; the slowest round trip seen since the
+        action started (or since it called L{measureFromHere}).
         """
         self.start()
         waitFor(lambda: len(self.rtts) >= 20, timeout=30, what="pings before")
@@ -68,10 +69,14 @@ class Pinger(threading.Thread):
         self.client.close()
         return max(self.rtts)
 
+    def measureFromHere(self) -> None:
+        self.rtts.clear()
+
 
 def test_mass_withdrawal_from_a_long_queue_does_not_stall(spawn) -> None:  # type: ignore[no-untyped-def]
     httpPort = freePort()
-    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1",
+                       "--max-waiters", "200000"])
     with LineClient(node.port) as holder:
         holder.ask(b"A k 30 0")
         first = queue(node.port, 100_000, b"A k 30 0\n")
@@ -94,18 +99,24 @@ def test_mass_withdrawal_from_a_long_queue_does_not_stall(spawn) -> None:  # typ
 
 def test_mass_wait_timeout_does_not_stall(spawn) -> None:  # type: ignore[no-untyped-def]
     httpPort = freePort()
-    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1",
+                       "--max-waiters", "200000"])
     with LineClient(node.port) as holder:
         holder.ask(b"A k 30 0")
         first = queue(node.port, 100_000, b"A k 30 0\n")
+        pinger = Pinger(node.port)
 
         def timeouts() -> None:
-            client = queue(node.port, 10_000, b"A k 30 1\n")
+            # Queued within a few hundred ms, the 10,000 waits run out
+            # together 3 s later, while the pings are measured.
+            client = queue(node.port, 10_000, b"A k 30 3\n")
+            pinger.measureFromHere()
+            assert statusOf(httpPort)["waiters"] == 110_000, "measured too late"
             waitFor(lambda: statusOf(httpPort)["waiters"] == 100_000, timeout=30,
                     what="10,000 waits ran out")
             client.close()
 
-        slowest = Pinger(node.port).during(timeouts)
+        slowest = pinger.during(timeouts)
         first.close()
         print(f"slowest ping {slowest * 1000:.1f} ms")
         assert slowest < STALL_BOUND, f"a ping took {slowest * 1000:.0f} ms"

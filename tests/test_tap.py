@@ -76,3 +76,35 @@ def test_secret_file_is_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
 def test_ipv6_node_entry_gives_escaped_listen_endpoint(secret) -> None:  # type: ignore[no-untyped-def]
     o = parse(["--peers", "[::1]:7701,[::1]:7702", "--node", "[::1]:7702"] + secret)
     assert o["listen"] == "tcp:7702:interface=\\:\\:1"
+
+
+def test_make_service_runs_leases_and_waits_on_the_monotonic_clock(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """
+    The node built by makeService must not follow the wall clock: here the
+    reactor's clock is a wall clock that jumps a day ahead (NTP, an
+    operator, a VM resume).  Neither a 10 s lease nor a 5 s wait may end.
+    """
+    import twisted.internet
+    from twisted.internet.testing import MemoryReactorClock, StringTransport
+
+    from lockservice.server.protocol import LockFactory
+    from lockservice.server.service import LockService
+    from lockservice.tap import makeService
+
+    wall = MemoryReactorClock()
+    wall.advance(1_800_000_000)  # reactor.seconds() is this "wall clock"
+    monkeypatch.setattr(twisted.internet, "reactor", wall, raising=False)
+    root = makeService(parse(["--listen", "tcp:0:interface=127.0.0.1"]))
+    [locks] = [s for s in root if isinstance(s, LockService)]  # type: ignore[attr-defined]
+    factory = LockFactory(locks)
+    holder, waiter = factory.buildProtocol(None), factory.buildProtocol(None)
+    for proto in (holder, waiter):
+        proto.makeConnection(StringTransport())
+    holder.dataReceived(b"A k 10 0\n")
+    waiter.dataReceived(b"A k 10 5\n")
+    token = locks.table.holder(b"k").token  # type: ignore[union-attr]
+    wall.advance(86400)
+    holder_ = locks.table.holder(b"k")
+    assert holder_ is not None and holder_.token == token, "a wall-clock step ended a lease"
+    assert locks.table.queueLength(b"k") == 1, "a wall-clock step ended a wait"
+    assert locks.stats.expirations == 0 and locks.stats.timeouts == 0

@@ -24,11 +24,9 @@ PROMOTION = "promotion"
 HANDOFF = "handoff"
 PEER_UP = "peer-up"
 PEER_DOWN = "peer-down"
-LONG_HOLD = "long-hold"
-DEADLOCK = "deadlock"
 
 TYPES = (GRANT, RELEASE, EXPIRY, RENEWAL, WITHDRAWAL, TIMEOUT, FORCE_RELEASE,
-         PROMOTION, HANDOFF, PEER_UP, PEER_DOWN, LONG_HOLD, DEADLOCK)
+         PROMOTION, HANDOFF, PEER_UP, PEER_DOWN)
 
 
 class Event:

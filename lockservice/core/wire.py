@@ -271,3 +271,4 @@ def redirect(op: bytes, key: bytes, active: Optional[bytes]) -> bytes:
 
 
 LINE_TOO_LONG = b"E * * line too long\n"
+TOO_MANY_CONNECTIONS = b"E * * too many connections\n"

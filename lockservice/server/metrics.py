@@ -61,6 +61,15 @@ class _StatsCollector(Collector):
         renewals.add_metric(["ok"], stats.renewalsOk)
         renewals.add_metric(["stale"], stats.renewalsStale)
         yield renewals
+        rejected = CounterMetricFamily(
+            "lockservice_rejected", "Refused by a limit: acquires (too many keys or waiters), "
+            "connections (too many), connections closed for a flood of STALE answers",
+            labels=["limit"])
+        rejected.add_metric(["keys"], stats.rejectedKeys)
+        rejected.add_metric(["waiters"], stats.rejectedWaiters)
+        rejected.add_metric(["connections"], stats.rejectedConnections)
+        rejected.add_metric(["stale_flood"], stats.staleFloods)
+        yield rejected
         internal = CounterMetricFamily(
             "lockservice_internal_errors", "Exceptions caught inside the server (bugs; "
             "the first of each kind is logged)")

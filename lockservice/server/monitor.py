@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Protocol, Tuple
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -49,6 +49,16 @@ class Waiter(Protocol):
         """
 
 
+class HeldKey(Protocol):
+    """
+    A held key's current grant as the monitor sees it (the table's holders).
+    """
+
+    token: int
+    owner: Optional[str]
+    grantedAt: float
+
+
 class ActivityObserver(Protocol):
     """
     What the lock service tells about each change, with who did it.  Every
@@ -70,7 +80,8 @@ class ActivityObserver(Protocol):
     def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
                 expiresAt: float) -> None: ...
 
-    def roleChanged(self, role: str) -> None: ...
+    def roleChanged(self, now: float, role: str,
+                    holders: Iterable[Tuple[bytes, HeldKey]]) -> None: ...
 
 
 class Releaser(Protocol):
@@ -117,6 +128,7 @@ class Monitor:
         self._forcing: Optional[Tuple[bytes, int, str]] = None
         self._due: Deque[Tuple[float, bytes, int]] = deque()
         self._alarm: Optional[IDelayedCall] = None
+        self._role = ACTIVE  # a lock service starts active
 
     # -- the activity observer -------------------------------------------------
 
@@ -180,13 +192,30 @@ class Monitor:
                 expiresAt: float) -> None:
         self._event(ev.RENEWAL, key, token, owner, "lease %.3f s", expiresAt - now)
 
-    def roleChanged(self, role: str) -> None:
+    def roleChanged(self, now: float, role: str,
+                    holders: Iterable[Tuple[bytes, HeldKey]]) -> None:
+        """
+        Only the active node's grants and queues are watched: what a
+        standby mirrors comes and goes by replication, unseen here.  A node
+        that becomes active starts from the grants it holds then (learned
+        by replication, so their holders may be unknown).
+        """
+        if role == self._role:
+            return
+        self._role = role
+        self._held.clear()
+        self._due.clear()
+        self.graph.clear()
+        if self._alarm is not None and self._alarm.active():
+            self._alarm.cancel()
+        self._alarm = None
         if role != ACTIVE:
-            # Only the active node's grants and queues are watched; what a
-            # standby mirrors comes and goes by replication, unseen here.
-            self._held.clear()
-            self._due.clear()
-            self.graph.clear()
+            return
+        for key, holder in sorted(holders, key=lambda item: item[1].grantedAt):
+            self._held[key] = _Held(holder.token, holder.owner, holder.grantedAt)
+            self.graph.hold(key, holder.owner, now)
+            if self.warnHold is not None:
+                self._watch(holder.grantedAt + self.warnHold, key, holder.token)
 
     # -- the cluster's event sink ----------------------------------------------
 
@@ -203,8 +232,9 @@ class Monitor:
     def _cycles(self, found: List[Cycle]) -> None:
         for cycle in found:
             description = cycle.describe()
+            # Not an event of the ring (its types are a fixed contract):
+            # /status, the metrics and the log report deadlocks.
             self.log.warn("Deadlock: {cycle}", cycle=description)
-            self._event(ev.DEADLOCK, cycle.steps[0][1], None, cycle.steps[0][0], description)
 
     def deadlocks(self) -> List[Dict[str, Any]]:
         """
@@ -256,8 +286,6 @@ class Monitor:
                 key=key.decode("utf-8", "replace"), who=who, token=token,
                 limit=f"{self.warnHold:g}",
             )
-            self._event(ev.LONG_HOLD, key, token, held.owner,
-                        f"held for more than {self.warnHold:g} s")
         self._arm()
 
     def isLongHold(self, key: bytes, token: int) -> bool:

@@ -6,10 +6,12 @@ The client line protocol: parse a line, ask the service, write the answer.
 from __future__ import annotations
 
 from collections import deque
+from math import inf
 from typing import Any, Callable, Deque, Dict, List, Optional, Protocol
 
-from twisted.internet.interfaces import IHalfCloseableProtocol
+from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer
 from twisted.internet.protocol import Factory
+from twisted.logger import Logger
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -20,6 +22,10 @@ from lockservice.server.service import LockService, PendingAcquire
 from lockservice.tcp import noDelay
 
 PEER_HELLO = b"HELLO"
+
+# Default of --max-connections (client connections open at once); lowered
+# at start when the file descriptor limit is smaller (see tap.py).
+DEFAULT_MAX_CONNECTIONS = 10_000
 
 
 class PeerHandler(Protocol):
@@ -37,7 +43,23 @@ class PeerHandler(Protocol):
 PeerAcceptor = Callable[[Any, bytes], PeerHandler]
 
 
-@implementer(IHalfCloseableProtocol)
+# Peers share the client port.  When --max-connections client connections
+# are open, a new connection is admitted "on probation" (at most
+# PEER_RESERVE of them at once): it stays only if its first line, sent
+# within PEER_GRACE seconds, is a peer HELLO.  A full node thus still
+# accepts its peers, and idle strangers cannot pile up.
+PEER_RESERVE = 64
+PEER_GRACE = 2.0
+
+# A connection collecting more than STALE_LIMIT STALE answers (R or N)
+# within STALE_WINDOW seconds is guessing tokens: it is closed.
+STALE_LIMIT = 100
+STALE_WINDOW = 1.0
+
+_ADMITTED, _PROBATION, _REFUSED = "admitted", "probation", "refused"
+
+
+@implementer(IHalfCloseableProtocol, IPushProducer)
 class LockProtocol(LineOnlyReceiver):
     """
     One client connection.
@@ -51,6 +73,11 @@ class LockProtocol(LineOnlyReceiver):
     acquire of this connection that is still queued, at once: the server
     cannot tell these cases apart, and a dead waiter must never be handed a
     lock.  Answers already decided are written before the server closes.
+
+    Backpressure: the connection is a streaming producer of answers for its
+    transport.  When the transport's unsent answers pass its buffer size it
+    pauses us, and we stop reading the client's requests until they drain,
+    so a client that sends without reading costs bounded memory.
 
     @ivar name: who this connection is (shown for its holders and
         waiters): the name it sent with C{I}, else its peer address.
@@ -67,17 +94,72 @@ class LockProtocol(LineOnlyReceiver):
         self.peer: Optional[PeerHandler] = None
         self._batch: Optional[List[bytes]] = None
         self._socket: Any = None
+        self._producing = False
+        self._admission = _ADMITTED
+        self._probation: Optional[IDelayedCall] = None
+        self._staleTimes: Optional[Deque[float]] = None
         self.name = "?"
 
     def connectionMade(self) -> None:
-        self.service = self.factory.service
-        self.service.connections.add(self)
-        self.service.stats.connections += 1
+        service = self.service = self.factory.service
         self.name = _addressName(self.transport.getPeer())  # type: ignore[union-attr]
         noDelay(self.transport)
         # A plain TCP transport lets us send straight to the socket; any
         # other transport (TLS, tests) goes through transport.write().
         self._socket = plainSocket(self.transport)
+        self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        self._producing = True
+        self._admission = self.factory.admit()
+        if self._admission == _ADMITTED:
+            service.connections.add(self)
+            service.stats.connections += 1
+        elif self._admission == _PROBATION:
+            self._probation = service.clock.callLater(PEER_GRACE, self._refuse)
+        else:
+            self._refuse()
+
+    def _refuse(self) -> None:
+        """
+        Too many connections: say so and close.
+        """
+        self._probation = None
+        self._leaveProbation()
+        self.service.stats.rejectedConnections += 1
+        self.write(wire.TOO_MANY_CONNECTIONS)
+        self._close()
+
+    def _leaveProbation(self) -> None:
+        if self._admission == _PROBATION:
+            self.factory.probation -= 1
+            self._admission = _REFUSED
+            if self._probation is not None and self._probation.active():
+                self._probation.cancel()
+            self._probation = None
+
+    def _close(self) -> None:
+        """
+        Send what is gathered, then close (a registered producer would keep
+        the transport open: unregister it first).
+        """
+        self.flushAnswers()
+        self._stopProducing()
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+    def _stopProducing(self) -> None:
+        if self._producing:
+            self._producing = False
+            self.transport.unregisterProducer()  # type: ignore[union-attr]
+
+    # -- IPushProducer: the transport tells us when its buffer is full ---
+
+    def pauseProducing(self) -> None:
+        self.transport.pauseProducing()  # type: ignore[union-attr]
+
+    def resumeProducing(self) -> None:
+        self.transport.resumeProducing()  # type: ignore[union-attr]
+
+    def stopProducing(self) -> None:
+        pass  # the connection is going away; connectionLost cleans up
 
     # -- writing ---------------------------------------------------------
 
@@ -163,8 +245,7 @@ class LockProtocol(LineOnlyReceiver):
         self._buffer = b""
         self.service.stats.errors += 1
         self.write(wire.LINE_TOO_LONG)
-        self.flushAnswers()
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        self._close()
 
     def lineReceived(self, line: bytes) -> None:
         if not line:
@@ -174,10 +255,20 @@ class LockProtocol(LineOnlyReceiver):
             acceptPeer = self.factory.peerAcceptor
             if line.startswith(PEER_HELLO + b" ") and acceptPeer is not None:
                 # No longer a client connection: it carries the cluster's
-                # peer protocol from now on.
+                # peer protocol from now on (and writes on its own terms).
+                self._leaveProbation()
                 self.service.connections.discard(self)
+                self._stopProducing()
                 self.peer = acceptPeer(self.transport, line)
                 return
+            if self._admission == _PROBATION:
+                if len(self.service.connections) >= self.factory.maxConnections:
+                    self._refuse()
+                    return
+                self._leaveProbation()
+                self._admission = _ADMITTED
+                self.service.connections.add(self)
+                self.service.stats.connections += 1
         service = self.service
         try:
             request = wire.parseRequest(line, service.maxLease, service.maxWait)
@@ -188,15 +279,33 @@ class LockProtocol(LineOnlyReceiver):
         if isinstance(request, wire.Acquire):
             self._acquire(request)
         elif isinstance(request, wire.Release):
-            service.release(request.key, request.token, self.write)
+            service.release(request.key, request.token, self._tokenAnswer)
         elif isinstance(request, wire.Renew):
-            service.renew(request.key, request.token, request.lease, self.write)
+            service.renew(request.key, request.token, request.lease, self._tokenAnswer)
         elif isinstance(request, wire.Ping):
             self.write(wire.pong(request.word))
         else:
             # One str per connection: every key it then holds shares it.
             self.name = request.name.decode("utf-8")
             self.write(wire.identified(request.name))
+
+    def _tokenAnswer(self, answer: bytes) -> None:
+        """
+        Write the answer to a release or renewal; count STALE answers, and
+        close a connection that guesses tokens.
+        """
+        self.write(answer)
+        if answer[-7:] != b" STALE\n":
+            return
+        now = self.service.clock.seconds()
+        times = self._staleTimes
+        if times is None:
+            times = self._staleTimes = deque(maxlen=STALE_LIMIT + 1)
+        times.append(now)
+        if len(times) > STALE_LIMIT and now - times[0] < STALE_WINDOW:
+            self.service.stats.staleFloods += 1
+            self.factory.staleFlood(self)
+            self._close()
 
     def _acquire(self, request: wire.Acquire) -> None:
         waiter = PendingAcquire(request.key, request.lease, self)
@@ -239,12 +348,14 @@ class LockProtocol(LineOnlyReceiver):
     def readConnectionLost(self) -> None:
         if self.peer is None:
             self._withdrawAll()
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        self._close()
 
     def writeConnectionLost(self) -> None:
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        self._close()
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        self._producing = False
+        self._leaveProbation()
         if self.peer is not None:
             self.peer.connectionLost(reason)
             self.peer = None
@@ -267,12 +378,40 @@ def _addressName(address: Any) -> str:
 
 class LockFactory(Factory):
     """
-    Builds client connections for one L{LockService}.
+    Builds client connections for one L{LockService}, at most
+    C{maxConnections} of them at once (peer connections do not count).
     """
 
     protocol = LockProtocol  # type: ignore[assignment]
     noisy = False
+    log = Logger()
 
-    def __init__(self, service: LockService, peerAcceptor: Optional[PeerAcceptor] = None) -> None:
+    def __init__(self, service: LockService, peerAcceptor: Optional[PeerAcceptor] = None,
+                 maxConnections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         self.service = service
         self.peerAcceptor = peerAcceptor
+        self.maxConnections = maxConnections
+        self.probation = 0
+        self._staleLoggedAt = -inf
+
+    def admit(self) -> str:
+        """
+        Decide on a new connection: admitted, on probation (the node is
+        full, but it may be a peer), or refused.
+        """
+        if len(self.service.connections) < self.maxConnections:
+            return _ADMITTED
+        if self.peerAcceptor is not None and self.probation < PEER_RESERVE:
+            self.probation += 1
+            return _PROBATION
+        return _REFUSED
+
+    def staleFlood(self, conn: LockProtocol) -> None:
+        # At most one log line a minute: the closing itself is counted.
+        now = self.service.clock.seconds()
+        if now - self._staleLoggedAt >= 60:
+            self._staleLoggedAt = now
+            self.log.warn("closed {peer}: more than {limit} STALE answers within {window:g} s "
+                          "(guessing tokens?); further closes are counted in "
+                          "lockservice_rejected_total{{limit=\"stale_flood\"}}",
+                          peer=conn.name, limit=STALE_LIMIT, window=STALE_WINDOW)

@@ -31,6 +31,17 @@ from lockservice.core.table import (
 )
 from lockservice.server.monitor import REDIRECT, TIMEOUT, WITHDRAWAL, ActivityObserver
 
+# Limits (options --max-keys, --max-waiters): far above what an ordinary
+# deployment uses, low enough that one client cannot take the machine
+# (a held key costs a few hundred bytes, a waiter about as much).
+DEFAULT_MAX_KEYS = 1_000_000
+DEFAULT_MAX_WAITERS = 10_000
+
+# Deadlines handled per reactor turn: when more are due (10,000 waits that
+# run out together), the rest wait for the next turn, so other clients'
+# requests are served in between instead of after the whole pile.
+TIMER_BUDGET = 1000
+
 
 class AnswerSink(Protocol):
     """
@@ -80,9 +91,10 @@ class _Alarm:
     """
     One reactor timer for the earliest of many deadlines kept in a heap.
 
-    While it rings (C{fire} works through the due deadlines) it is not
-    re-armed; afterwards it is armed for C{nextDue()}.  An exception in
-    C{fire} never leaves it unarmed.
+    While it rings (C{fire} works through the due deadlines, or a budget of
+    them) it is not re-armed; afterwards it is armed for C{nextDue()}, at
+    once (the next reactor turn) when more are already due.  An exception
+    in C{fire} never leaves it unarmed.
     """
 
     __slots__ = ("clock", "fire", "nextDue", "call", "at", "firing")
@@ -144,6 +156,12 @@ class Stats:
         self.errors = 0
         self.connections = 0
         self.internalErrors = 0
+        # Refused by a limit: an acquire (keys, waiters), a connection, or
+        # a connection closed for collecting STALE answers.
+        self.rejectedKeys = 0
+        self.rejectedWaiters = 0
+        self.rejectedConnections = 0
+        self.staleFloods = 0
 
 
 class ChangeObserver(Protocol):
@@ -185,10 +203,20 @@ class LockService(Service):
         wallMicros: Callable[[], int],
         maxLease: float = 86400.0,
         maxWait: float = 86400.0,
+        maxKeys: int = DEFAULT_MAX_KEYS,
+        maxWaiters: int = DEFAULT_MAX_WAITERS,
     ) -> None:
+        """
+        @param maxKeys: an acquire that would make more keys held (or
+            queued for) is refused C{E A <key> too many keys}.
+        @param maxWaiters: an acquire that would queue more waiters on one
+            key is refused C{E A <key> too many waiters}.
+        """
         self.clock = clock
         self.maxLease = maxLease
         self.maxWait = maxWait
+        self.maxKeys = maxKeys
+        self.maxWaiters = maxWaiters
         self.table = LockTable(TokenIssuer(wallMicros))
         self.stats = Stats()
         self.observers: List[ChangeObserver] = []
@@ -234,7 +262,7 @@ class LockService(Service):
         self.role = role
         self.activeAddress = activeAddress
         for watcher in self.activity:
-            self._notify(watcher.roleChanged, role)
+            self._notify(watcher.roleChanged, self.clock.seconds(), role, self.table.holders())
         if wasActive and role != ACTIVE:
             self._cancelLeaseTimers()
         if role == ACTIVE and not wasActive:
@@ -320,6 +348,16 @@ class LockService(Service):
         if self.role != ACTIVE:
             self.stats.redirects += 1
             return wire.redirect(b"A", waiter.key, self.activeAddress)
+        # A free key with waiters never exists, so "keys held or queued
+        # for" is the number of held keys.
+        holder = self.table.holder(waiter.key)
+        if holder is None:
+            if len(self.table) >= self.maxKeys:
+                self.stats.rejectedKeys += 1
+                return wire.BadRequest(b"A", waiter.key, "too many keys").answer()
+        elif holder.waiting >= self.maxWaiters:
+            self.stats.rejectedWaiters += 1
+            return wire.BadRequest(b"A", waiter.key, "too many waiters").answer()
         now = self.clock.seconds()
         try:
             grant = self.table.acquire(waiter, now)
@@ -431,9 +469,11 @@ class LockService(Service):
     def _waitsDue(self, at: float) -> None:
         now = max(self.clock.seconds(), at)
         heap = self._waits
+        budget = TIMER_BUDGET
         outer = self.openTurn()
         try:
-            while heap and heap[0][0] <= now:
+            while heap and heap[0][0] <= now and budget:
+                budget -= 1
                 deadline, _, waiter = heappop(heap)
                 if waiter.deadline != deadline:
                     self._staleWaits -= 1
@@ -479,9 +519,11 @@ class LockService(Service):
         # The reactor judged `at` due; do not let float rounding disagree.
         now = max(self.clock.seconds(), at)
         heap = self._leases
+        budget = TIMER_BUDGET
         outer = self.openTurn()
         try:
-            while heap and heap[0][0] <= now:
+            while heap and heap[0][0] <= now and budget:
+                budget -= 1
                 _, key, token = heappop(heap)
                 try:
                     self._expire(key, token, now)

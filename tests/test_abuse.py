@@ -1,0 +1,136 @@
+"""
+Limits and abuse against a real C{twistd} node over TCP: a client that
+sends without reading, the exact answers of the limits, too many
+connections, and a token-guessing flood of releases.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from lockservice.testing.harness import LineClient, twistdEnvironment
+
+MiB = 1024 * 1024
+
+
+def readAll(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """
+    Everything until the node closes the connection.
+    """
+    sock.settimeout(timeout)
+    received = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not data:
+            break
+        received += data
+    return received
+
+
+def test_a_client_that_never_reads_costs_bounded_memory(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    with LineClient(node.port) as warm:
+        warm.send(b"P warm\n" * 20000)
+        for _ in range(20000):
+            warm.readline()
+    before = node.rss()
+    flood = socket.create_connection(("127.0.0.1", node.port))
+    flood.setblocking(False)
+    chunk = b"P x\n" * 16384
+    sent = 0
+    limit = 48 * MiB
+    try:
+        while sent < limit:
+            _, writable, _ = select.select([], [flood], [], 2.0)
+            if not writable:
+                break  # the node stopped reading for 2 s: backpressure
+            try:
+                sent += flood.send(chunk)
+            except BlockingIOError:
+                pass
+        grown = node.rss() - before
+        # The node still serves everybody else meanwhile.
+        with LineClient(node.port) as other:
+            assert other.ask(b"P other", timeout=10) == b"P other"
+    finally:
+        flood.close()
+    print(f"sent {sent / MiB:.1f} MiB, grown {grown / MiB:.1f} MiB")
+    assert sent < limit, "the node read everything a non-reading client sent"
+    assert grown < 16 * MiB, f"the node grew by {grown / MiB:.1f} MiB"
+
+
+def test_limits_answer_exactly(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn(args=["--max-keys", "2", "--max-waiters", "1"])
+    with LineClient(node.port) as a, LineClient(node.port) as b, LineClient(node.port) as c:
+        assert a.ask(b"A one 30 0").startswith(b"A one ")
+        assert a.ask(b"A two 30 0").startswith(b"A two ")
+        assert a.ask(b"A three 30 0") == b"E A three too many keys"
+        b.send(b"A one 30 0\n")
+        assert b.ask(b"P queued") == b"P queued"
+        assert c.ask(b"A one 30 0") == b"E A one too many waiters"
+        assert c.ask(b"P still-usable") == b"P still-usable"
+
+
+def test_too_many_connections(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn(args=["--max-connections", "3"])
+    # The harness's readiness pings have come and gone: wait until the
+    # node counts none of them any more.
+    clients = [LineClient(node.port) for _ in range(3)]
+    try:
+        for i, c in enumerate(clients):
+            assert c.ask(b"P %d" % i) == b"P %d" % i
+        with socket.create_connection(("127.0.0.1", node.port), timeout=10) as extra:
+            assert readAll(extra) == b"E * * too many connections\n"
+        clients.pop().close()
+
+        def admitted() -> bool:
+            with LineClient(node.port) as c:
+                try:
+                    return c.ask(b"P again", timeout=10) == b"P again"
+                except ConnectionError:
+                    return False
+
+        from lockservice.testing.harness import waitFor
+
+        waitFor(admitted, timeout=10, what="room for one more connection")
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_guessing_tokens_gets_the_connection_closed(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    with LineClient(node.port) as holder:
+        token = int(holder.ask(b"A payroll 30 0").split()[2])
+        with socket.create_connection(("127.0.0.1", node.port), timeout=10) as guesser:
+            guesses = b"".join(b"R payroll %d\n" % (token - 1000 + i) for i in range(500))
+            guesser.sendall(guesses)
+            answers = readAll(guesser).splitlines()
+        assert answers == [b"R payroll STALE"] * 101
+        assert holder.ask(b"R payroll %d" % token) == b"R payroll OK"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-keys", "0"], "--max-keys must be a whole number >= 1, not '0'"),
+    (["--max-waiters", "lots"], "--max-waiters must be a whole number >= 1, not 'lots'"),
+    (["--max-connections", "1e3"], "--max-connections must be a whole number >= 1"),
+])
+def test_bad_limit_options(args, message) -> None:  # type: ignore[no-untyped-def]
+    result = subprocess.run(
+        [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+         "-n", "--pidfile=", "lockservice"] + args,
+        env=twistdEnvironment(), capture_output=True, timeout=60,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
