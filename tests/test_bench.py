@@ -78,7 +78,6 @@ def test_sync_scenario_reports_join_time_and_ping_gaps() -> None:
 
 
 def test_sharded_run_sends_each_key_to_the_cluster_that_owns_it(spawn) -> None:  # type: ignore[no-untyped-def]
-    import json
     import urllib.request
 
     from lockservice.client.sharding import choose
