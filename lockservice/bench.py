@@ -6,6 +6,8 @@ Load generator and benchmark suite.
     python -m lockservice.bench echo-server --port 7799
     python -m lockservice.bench memory           # 1M held keys, 10k idle connections
     python -m lockservice.bench sync             # a standby joins an active holding 1M keys
+    python -m lockservice.bench shards           # aggregate over 1 and 2 shards
+    python -m lockservice.bench run --addr 'a:7700;b:7700'   # drive several clusters
 
 Scenarios: C{uncontended} (each connection its own keys, acquire+release
 loops) and C{contended} (every connection on one key: FIFO hand-offs).
@@ -49,15 +51,37 @@ class _Conn:
         self.out: List[bytes] = []
 
 
+Shard = Optional[Tuple[List[bytes], int]]
+
+
+def _keyOn(base: bytes, shard: Shard) -> bytes:
+    """
+    C{base}, or the first C{base~N} that the client library's rendezvous
+    hashing maps to this worker's cluster (so a sharded run sends every key
+    to the cluster that owns it, as a real client would).
+    """
+    if shard is None or len(shard[0]) == 1:
+        return base
+    from lockservice.client.sharding import choose
+
+    ids, mine = shard
+    n = 0
+    while True:
+        key = base + b"~%d" % n
+        if choose(ids, key) == mine:
+            return key
+        n += 1
+
+
 def _singleWorker(host: str, port: int, scenario: str, warmup: float, duration: float,
-                  ident: int, results: Any) -> None:
+                  ident: int, results: Any, shard: Shard = None) -> None:
     """
     One closed-loop connection: a blocking socket, no selector, so the
     generator adds as little as possible to the measured latency.
     """
     sock = socket.create_connection((host, port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    key = b"hot" if scenario == "contended" else b"k%d" % ident
+    key = _keyOn(b"hot" if scenario == "contended" else b"k%d" % ident, shard)
     acquire = b"A " + key + b" 30 0\n"
     now = time.perf_counter
     measureFrom = now() + warmup
@@ -88,9 +112,10 @@ def _singleWorker(host: str, port: int, scenario: str, warmup: float, duration: 
 
 
 def _worker(host: str, port: int, scenario: str, conns: int, depth: int, warmup: float,
-            duration: float, ident: int, results: Any) -> None:
+            duration: float, ident: int, results: Any, shard: Shard = None) -> None:
     if conns == 1 and depth == 1:
-        return _singleWorker(host, port, scenario, warmup, duration, ident, results)
+        return _singleWorker(host, port, scenario, warmup, duration, ident, results, shard)
+    hot = _keyOn(b"hot", shard)
     sel = selectors.DefaultSelector()
     connections: List[_Conn] = []
     for _ in range(conns):
@@ -115,7 +140,7 @@ def _worker(host: str, port: int, scenario: str, conns: int, depth: int, warmup:
 
     for i, conn in enumerate(connections):
         for d in range(depth):
-            key = b"hot" if scenario == "contended" else b"k%d-%d-%d" % (ident, i, d)
+            key = hot if scenario == "contended" else _keyOn(b"k%d-%d-%d" % (ident, i, d), shard)
             send(conn, b"A", key, b"A " + key + b" 30 0\n")
         conn.sock.send(b"".join(conn.out))
         conn.out = []
@@ -226,16 +251,24 @@ def run(addr: str, scenario: str, conns: int, depth: int = 1, duration: float = 
     """
     import threading
 
-    host, _, port = addr.rpartition(":")
-    procs = procs or min(conns, 2)
+    # "a:1;b:2": several clusters (shards), each given by its active node's
+    # address, exactly as the client library takes them; the cluster id in
+    # the key-to-cluster hashing is that first address.
+    targets = [part.split(",")[0].strip() for part in addr.split(";") if part.strip()]
+    ids = [t.encode() for t in targets]
+    procs = max(procs or min(conns, 2), len(targets))
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
     shares = [conns // procs + (1 if i < conns % procs else 0) for i in range(procs)]
-    workers = [
-        ctx.Process(target=_worker, args=(host, int(port), scenario, share, depth, warmup,
-                                          duration, i, results))
-        for i, share in enumerate(shares) if share
-    ]
+    workers = []
+    for i, share in enumerate(shares):
+        if not share:
+            continue
+        mine = i % len(targets)
+        host, _, port = targets[mine].rpartition(":")
+        shard = (ids, mine) if len(targets) > 1 else None
+        workers.append(ctx.Process(target=_worker, args=(
+            host, int(port), scenario, share, depth, warmup, duration, i, results, shard)))
     stop = threading.Event()
     label = f"{scenario} c={conns} depth={depth}"
     bar = threading.Thread(target=_progress, args=(warmup + duration, label, stop), daemon=True)
@@ -260,6 +293,7 @@ def run(addr: str, scenario: str, conns: int, depth: int = 1, duration: float = 
     pairs = sum(r["pairs"] for r in collected)
     out = {
         "scenario": scenario,
+        "clusters": len(targets),
         "connections": conns,
         "depth": depth,
         "mode": "closed-loop" if depth == 1 else f"pipelined({depth})",
@@ -455,6 +489,30 @@ def memory(keys: int, idle: int) -> Dict[str, Any]:
     return result
 
 
+# -- shards: several clusters driven at once ---------------------------------------
+
+
+def shards(counts: List[int], conns: int, duration: float) -> List[Dict[str, Any]]:
+    """
+    Aggregate pairs/s over 1, 2, ... independent single-node clusters, the
+    keys spread by the client library's rendezvous hashing.
+    """
+    from lockservice.testing.harness import Node, freePort
+
+    rows: List[Dict[str, Any]] = []
+    for count in counts:
+        nodes = [Node(freePort()).start() for _ in range(count)]
+        try:
+            addr = ";".join(n.address for n in nodes)
+            row = run(addr, "uncontended", conns, 1, duration)
+            cpu = sum(_cpuSeconds(n.pid) for n in nodes)
+            rows.append(dict(row, shards=count, total_server_cpu_s=round(cpu, 2)))
+        finally:
+            for n in nodes:
+                n.stop()
+    return rows
+
+
 # -- sync: a standby joining an active that holds many keys -----------------------
 
 
@@ -575,7 +633,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="lockservice bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="drive one server with one scenario")
-    r.add_argument("--addr", default="127.0.0.1:7700")
+    r.add_argument("--addr", default="127.0.0.1:7700",
+                   help="host:port; several clusters (shards): active addresses joined by ';'")
     r.add_argument("--scenario", choices=SCENARIOS, default="uncontended")
     r.add_argument("-c", "--connections", type=int, default=16)
     r.add_argument("--depth", type=int, default=1, help="1 = closed loop; D = pipelined")
@@ -596,10 +655,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     m = sub.add_parser("memory", help="RSS with many held keys and many idle connections")
     m.add_argument("--keys", type=int, default=1_000_000)
     m.add_argument("--idle", type=int, default=10_000)
+    h = sub.add_parser("shards", help="aggregate pairs/s over several single-node clusters")
+    h.add_argument("--counts", default="1,2", help="numbers of shards to compare")
+    h.add_argument("-c", "--connections", type=int, default=16)
+    h.add_argument("--duration", type=float, default=5.0)
     y = sub.add_parser("sync", help="a standby joining an active that holds many keys")
     y.add_argument("--keys", type=int, default=1_000_000)
     y.add_argument("--peer-timeout", type=float, default=1.0)
     args = p.parse_args(argv)
+    if args.cmd == "shards":
+        table = shards([int(c) for c in args.counts.split(",")], args.connections,
+                       args.duration)
+        print(json.dumps(table, indent=2))
+        return 0
     if args.cmd == "sync":
         print(json.dumps(sync(args.keys, args.peer_timeout), indent=2))
         return 0

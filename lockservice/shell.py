@@ -23,6 +23,8 @@ from twisted.internet.interfaces import INegotiated
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
+from lockservice.client.pool import describe
+
 BANNER = """\
 connected to {address}{tls} as {name}
 type requests, one per line; answers are printed as they arrive:
@@ -129,7 +131,7 @@ class _Session:
             tls = node is not None and INegotiated.providedBy(node.transport)
             self.done.errback(ConnectionError(
                 f"{'TLS handshake failed' if tls else 'the node closed the connection'}: "
-                f"{reason.value}"))
+                f"{describe(reason.value)}"))
             return
         if not self.inputDone:
             print("lockservice: the node closed the connection", file=sys.stderr)

@@ -75,3 +75,27 @@ def test_sync_scenario_reports_join_time_and_ping_gaps() -> None:
     assert result["join_s_from_start"] > 0
     assert result["active_role_after"] == "active"
     assert result["active_max_ping_ms"] > 0 and result["standby_max_ping_ms"] > 0
+
+
+def test_sharded_run_sends_each_key_to_the_cluster_that_owns_it(spawn) -> None:  # type: ignore[no-untyped-def]
+    import urllib.request
+
+    from lockservice.client.sharding import choose
+    from lockservice.testing.harness import freePort
+
+    httpPorts = [freePort(), freePort()]
+    nodes = [spawn(args=["--http", f"tcp:{p}:interface=127.0.0.1"]) for p in httpPorts]
+    addr = ";".join(n.address for n in nodes)
+    result = bench.run(addr, "uncontended", 4, 1, duration=0.5, warmup=0.1, progress=False)
+    assert result["errors"] == 0 and result["clusters"] == 2
+    grants = []
+    for port in httpPorts:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        grants.append(float(next(line.split()[-1] for line in text.splitlines()
+                                 if line.startswith("lockservice_grants_total"))))
+    assert all(g > 0 for g in grants), grants  # both clusters carried load
+    # and the keys a worker used are those rendezvous hashing gives its cluster
+    ids = [n.address.encode() for n in nodes]
+    for mine in (0, 1):
+        assert choose(ids, bench._keyOn(b"k0-0-0", (ids, mine))) == mine

@@ -30,9 +30,20 @@ RETIRE_TIMEOUT = 2.0
 READY_TIMEOUT = 5.0
 
 
+def describe(error: Optional[BaseException]) -> str:
+    """
+    One readable line for a connection error; OpenSSL's lists of (library,
+    function, reason) tuples become their reasons.
+    """
+    args = getattr(error, "args", ())
+    if args and isinstance(args[0], list) and args[0] and isinstance(args[0][0], tuple):
+        return "; ".join(str(item[-1]) for item in args[0])
+    return str(error) or type(error).__name__
+
+
 def _why(reason: Failure) -> str:
-    text = str(reason.value) or type(reason.value).__name__
-    if reason.type.__module__.startswith("OpenSSL"):
+    text = describe(reason.value)
+    if type(reason.value).__module__.startswith("OpenSSL"):
         return f"TLS handshake failed: {text}"
     return text
 
