@@ -445,7 +445,8 @@ def memory(keys: int, idle: int) -> Dict[str, Any]:
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
     result: Dict[str, Any] = {}
-    node = Node(freePort()).start()
+    # Above the default --max-keys / --max-connections on purpose.
+    node = Node(freePort(), args=["--max-keys", str(keys + 1)]).start()
     try:
         base = node.rss()
         batch = 5000
@@ -466,7 +467,7 @@ def memory(keys: int, idle: int) -> Dict[str, Any]:
             assert c.ask(b"A mem/0 1 0.01", 10) == b"T mem/0"
     finally:
         node.stop()
-    node = Node(freePort()).start()
+    node = Node(freePort(), args=["--max-connections", str(idle + 16)]).start()
     socks: List[socket.socket] = []
     try:
         base = node.rss()
@@ -535,7 +536,8 @@ def sync(keys: int, peerTimeout: float = 1.0) -> Dict[str, Any]:
     secret = os.path.join(work, "secret")
     with open(secret, "w") as f:
         f.write("bench-sync-secret\n")
-    common = ["--secret", secret, "--peer-timeout", str(peerTimeout)]
+    common = ["--secret", secret, "--peer-timeout", str(peerTimeout),
+              "--max-keys", str(keys + 16)]
     nodes = [
         Node(ports[i], peers=ports[:2], logDir=work, name=f"sync{i}",
              args=common + ["--http", f"tcp:{ports[2 + i]}:interface=127.0.0.1"])

@@ -136,6 +136,11 @@ def flushToKernel(transport: Any) -> None:
     """
     from twisted.internet.tcp import Connection
 
+    # TLS (twisted.protocols.tls) gathers small writes until the end of the
+    # reactor turn (_AggregateSmallWrites): hand them to TLS now.
+    aggregator = getattr(transport, "_aggregator", None)
+    if aggregator is not None and callable(getattr(aggregator, "flush", None)):
+        aggregator.flush()
     tcp = transport if isinstance(transport, Connection) else getattr(transport, "transport", None)
     if not isinstance(tcp, Connection) or tcp.disconnected or tcp.disconnecting:
         return

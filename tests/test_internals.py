@@ -13,7 +13,7 @@ import pytest
 import pytest_twisted
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, connectProtocol
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import StringTransport
@@ -111,3 +111,82 @@ def test_quietClientServiceLogsNothing() -> None:
     finally:
         globalLogPublisher.removeObserver(events.append)
     assert events == []
+
+
+class _Lost(Protocol):
+    lost: "Deferred[Any]"
+    made: "Deferred[Any]"
+
+    def connectionMade(self) -> None:
+        self.made.callback(self.transport)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.lost.callback([reason])  # a bare Failure would errback
+
+
+@inlineCallbacks
+def _closeSeen(abort: bool) -> Any:
+    """
+    Connect to a plain socket server, close the server's side with a FIN or
+    a reset, and return (errno, TCP reason) as watchSocketError saw them.
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        proto = _Lost()
+        proto.made, proto.lost = Deferred(), Deferred()
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
+        yield connectProtocol(endpoint, proto)
+        transport = yield proto.made
+        seen: List[Any] = []
+        assert internals.watchSocketError(transport, lambda e, r: seen.append((e, r)))
+        accepted, _ = listener.accept()
+        if abort:
+            # SO_LINGER 0: close() sends a reset.
+            import struct
+
+            accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        accepted.close()
+        yield proto.lost
+        return seen
+    finally:
+        listener.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_watchSocketErrorTellsAFinFromAReset() -> Any:
+    from twisted.internet.error import ConnectionDone
+
+    fin = yield _closeSeen(False)
+    assert len(fin) == 1 and fin[0][0] == 0 and fin[0][1].check(ConnectionDone)
+    reset = yield _closeSeen(True)
+    assert len(reset) == 1
+    errno, reason = reset[0]
+    # Either the socket still holds the error, or Twisted read it and says so.
+    assert errno != 0 or not reason.check(ConnectionDone)
+
+
+@pytest_twisted.inlineCallbacks
+def test_flushToKernelSendsWhatTwistedBuffered() -> Any:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        proto = _Keep()
+        proto.made = Deferred()
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
+        yield connectProtocol(endpoint, proto)
+        transport = yield proto.made
+        accepted, _ = listener.accept()
+        accepted.settimeout(5)
+        transport.write(b"buffered\n")
+        assert not internals.nothingBuffered(transport)
+        internals.flushToKernel(transport)
+        # Without another reactor turn, the bytes are already at the peer.
+        assert internals.nothingBuffered(transport)
+        assert accepted.recv(100) == b"buffered\n"
+        accepted.close()
+        transport.loseConnection()
+    finally:
+        listener.close()
