@@ -10,6 +10,7 @@ import select
 import socket
 import subprocess
 import sys
+from typing import List
 
 import pytest
 
@@ -80,26 +81,30 @@ def test_limits_answer_exactly(spawn) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_too_many_connections(spawn) -> None:  # type: ignore[no-untyped-def]
+    from lockservice.testing.harness import waitFor
+
     node = spawn(args=["--max-connections", "3"])
-    # The harness's readiness pings have come and gone: wait until the
-    # node counts none of them any more.
-    clients = [LineClient(node.port) for _ in range(3)]
+    clients: List[LineClient] = []
+
+    def admitted() -> bool:
+        # True once a new connection is served (the harness's readiness
+        # pings may still count for a moment after they closed).
+        c = LineClient(node.port)
+        try:
+            if c.ask(b"P in", timeout=10) == b"P in":
+                clients.append(c)
+                return True
+        except ConnectionError:
+            pass
+        c.close()
+        return False
+
     try:
-        for i, c in enumerate(clients):
-            assert c.ask(b"P %d" % i) == b"P %d" % i
+        for _ in range(3):
+            waitFor(admitted, timeout=10, what="a connection admitted")
         with socket.create_connection(("127.0.0.1", node.port), timeout=10) as extra:
             assert readAll(extra) == b"E * * too many connections\n"
         clients.pop().close()
-
-        def admitted() -> bool:
-            with LineClient(node.port) as c:
-                try:
-                    return c.ask(b"P again", timeout=10) == b"P again"
-                except ConnectionError:
-                    return False
-
-        from lockservice.testing.harness import waitFor
-
         waitFor(admitted, timeout=10, what="room for one more connection")
     finally:
         for c in clients:
