@@ -75,7 +75,11 @@ def replicationLatency(active: Node, standbyHttp: int, samples: int = 20) -> Lis
 
 
 def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # type: ignore[no-untyped-def]
-    cluster = Cluster(nodes)
+    import shutil
+    import tempfile
+
+    logDir = tempfile.mkdtemp(prefix="lockservice-failover-")
+    cluster = Cluster(nodes, logDir=logDir)
     httpPorts = [freePort() for _ in cluster.nodes]
     for node, port in zip(cluster.nodes, httpPorts, strict=True):
         node.args = ["--http", f"tcp:{port}:interface=127.0.0.1"]
@@ -133,6 +137,7 @@ def run(trials: int, nodes: int, log=print) -> Dict[str, Dict[str, float]]:  # t
                 f"split brain healed {healed[-1] * 1000:.0f} ms")
     finally:
         cluster.stop()
+    shutil.rmtree(logDir, ignore_errors=True)
     return {
         "replication": summary(replication),
         "failover_kill9": summary(failover),
