@@ -181,7 +181,8 @@ def test_events_contract(node: ProtocolNode) -> None:
     assert [e["seq"] for e in json.loads(keyed)["events"]] == [3]
     assert json.loads(keyed)["next"] == 5
     _, none = fetch(stub, "/events?since=5")
-    assert json.loads(none) == {"events": [], "next": 5}
+    assert json.loads(none) == {"events": [], "next": 5, "oldest": 1, "gap": False,
+                                "missed": 0}
     bad, _ = fetch(stub, "/events?since=-1")
     assert bad.code == 400
 
