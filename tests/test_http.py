@@ -166,7 +166,7 @@ def test_events_contract(node: ProtocolNode) -> None:
     response, body = fetch(stub, "/events")
     assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
     data = json.loads(body)
-    assert set(data) == {"events", "next"}
+    assert set(data) == {"events", "next", "oldest", "gap", "missed"}
     events = data["events"]
     assert [e["type"] for e in events] == ["grant", "timeout", "grant", "renewal", "release"]
     assert [e["seq"] for e in events] == [1, 2, 3, 4, 5] and data["next"] == 5
@@ -181,7 +181,8 @@ def test_events_contract(node: ProtocolNode) -> None:
     assert [e["seq"] for e in json.loads(keyed)["events"]] == [3]
     assert json.loads(keyed)["next"] == 5
     _, none = fetch(stub, "/events?since=5")
-    assert json.loads(none) == {"events": [], "next": 5}
+    assert json.loads(none) == {"events": [], "next": 5, "oldest": 1, "gap": False,
+                                "missed": 0}
     bad, _ = fetch(stub, "/events?since=-1")
     assert bad.code == 400
 
@@ -398,3 +399,111 @@ def test_cluster_status_shows_peers(cluster, tmp_path) -> None:  # type: ignore[
         conn.ask(b"A replicated 30 0")
     waitFor(lambda: status(ports[1])["held_keys"] == 1, 2, interval=0.01,
             what="grant replicated")
+
+
+@pytest.mark.parametrize("path, key", [
+    ("/locks/a%2541/release", b"a%41"),      # %25 is a literal percent sign
+    ("/locks/a%2Fb/release", b"a/b"),        # %2F is a slash
+    ("/locks/a/b/release", b"a/b"),
+    ("/locks/x%2520y/release", b"x%20y"),
+    ("/locks/stats/release", b"stats"),
+    ("/locks/r/release/release", b"r/release"),
+    ("/locks/release?key=stats", b"stats"),
+    ("/locks/release?key=a%2541", b"a%41"),
+    ("/locks/release?key=q%2Frelease", b"q/release"),
+])
+def test_force_release_names_exactly_one_key(node: ProtocolNode, path: str, key: bytes) -> None:
+    """
+    The key in the path is percent-decoded once (twisted.web does it), so
+    C{a%2541} names the key C{a%41}, never C{aA}; C{?key=} names any key.
+    """
+    stub, _ = withMonitor(node, adminSecret=SECRET)
+    decoys = node.connect()
+    for decoy in (b"aA", b"a%41", b"a/b", b"a%2Fb", b"x%20y", b"stats",
+                  b"r/release", b"r", b"q/release", b"q"):
+        if decoy != key:
+            decoys.ask(b"A " + decoy + b" 600 0")
+    victim = node.connect()
+    token = victim.ask(b"A " + key + b" 600 0").split()[2]
+    held = {k for k, _ in node.service.table.holders()}
+    code, answer = post(stub, path)
+    assert code == 200, answer
+    assert answer["key"] == key.decode() and answer["released_token"] == int(token)
+    assert {k for k, _ in node.service.table.holders()} == held - {key}
+
+
+def test_locks_path_names_exactly_one_key(node: ProtocolNode) -> None:
+    conn = node.connect()
+    conn.ask(b"A aA 600 0")
+    token = conn.ask(b"A a%41 600 0").split()[2]
+    for path in ("/locks/a%2541", "/locks?key=a%2541"):
+        _, body = fetch(node_stub(node), path)
+        answer = json.loads(body)
+        assert answer["key"] == "a%41" and answer["token"] == int(token), path
+    _, body = fetch(node_stub(node), "/locks/")
+    assert json.loads(body)["count"] == 2
+
+
+def node_stub(node: ProtocolNode) -> StubTreq:
+    return StubTreq(makeRoot(node.service, None))
+
+
+@pytest.mark.parametrize("path", ["/", "/status", "/locks", "/locks/stats", "/events",
+                                  "/dashboard.json", "/metrics", "/nothing-here", "/x/y"])
+def test_security_headers(node: ProtocolNode, path: str) -> None:
+    """
+    Every answer forbids external loads, framing and MIME sniffing.
+    """
+    stub, _ = withMonitor(node)
+    response, _ = fetch(stub, path)
+    headers = response.headers
+    policy = headers.getRawHeaders(b"content-security-policy")[0]
+    assert policy.startswith(b"default-src 'none';")
+    assert b"frame-ancestors 'none'" in policy and b"http" not in policy
+    assert headers.getRawHeaders(b"x-frame-options") == [b"DENY"]
+    assert headers.getRawHeaders(b"x-content-type-options") == [b"nosniff"]
+
+
+def test_dashboard_policy_allows_its_own_script_only(node: ProtocolNode) -> None:
+    import base64
+    import hashlib
+    import re
+    stub, _ = withMonitor(node)
+    response, page = fetch(stub, "/")
+    policy = response.headers.getRawHeaders(b"content-security-policy")[0]
+    [script] = re.findall(rb"<script>(.*?)</script>", page, re.S)
+    digest = base64.b64encode(hashlib.sha256(script).digest())
+    assert b"script-src 'sha256-" + digest + b"'" in policy
+    assert b"connect-src 'self'" in policy and b"unsafe-eval" not in policy
+
+
+def test_force_release_reason_cannot_forge_lines(node: ProtocolNode) -> None:
+    """
+    Newlines and other control characters in a reason are escaped before
+    it is logged, stored in the event ring or echoed.
+    """
+    from twisted.logger import formatEvent, globalLogPublisher
+    logged: list = []  # type: ignore[type-arg]
+
+    def observer(event: Any) -> None:
+        logged.append(formatEvent(event))
+
+    stub, monitor = withMonitor(node, adminSecret=SECRET)
+    node.connect().ask(b"A k 30 0")
+    reason = "stuck\n2026-01-01 [lockservice] Force-release of everything\r\x1b[2J\u2028x"
+    globalLogPublisher.addObserver(observer)
+    try:
+        code, answer = post(stub, "/locks/k/release", reason=reason)
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert code == 200
+    expected = ("stuck\\n2026-01-01 [lockservice] Force-release of everything"
+                "\\r\\x1b[2J\\u2028x")
+    assert answer["reason"] == expected
+    [event] = [e for e in monitor.events.since(0)[0] if e.type == "force-release"]
+    assert event.detail is not None and event.detail.endswith(expected)
+    [line] = [m for m in logged if "Force-release of k" in m]
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    node.connect().ask(b"A k2 30 0")
+    code, answer = post(stub, "/locks/k2/release", reason="x" * 5000)
+    assert code == 200 and len(answer["reason"]) == 503

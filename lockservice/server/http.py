@@ -8,17 +8,18 @@ page shipped with the package, fed by C{/dashboard.json}).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import json
 import time
+import unicodedata
 from importlib import resources
 from itertools import islice
 from typing import Any, Dict, List, Optional, Tuple
-from urllib.parse import unquote_to_bytes
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
-from twisted.web.pages import notFound
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
 
@@ -162,8 +163,16 @@ def keyStats(monitor: Monitor, limit: int = STATS_LIMIT) -> Dict[str, Any]:
 
 def recentEvents(monitor: Monitor, since: int = 0, key: Optional[bytes] = None,
                  limit: int = EVENTS_LIMIT) -> Dict[str, Any]:
-    found, nxt = monitor.events.since(since, key, limit)
-    return {"events": [event.asDict() for event in found], "next": nxt}
+    """
+    The events after C{since}; C{gap} (with C{missed}, how many) says that
+    some of them are gone from the ring: the reader fell behind by more
+    than the ring holds.  C{oldest} is the oldest sequence number kept.
+    """
+    ring = monitor.events
+    missed = ring.missed(since)
+    found, nxt = ring.since(since, key, limit)
+    return {"events": [event.asDict() for event in found], "next": nxt,
+            "oldest": ring.oldest, "gap": missed > 0, "missed": missed}
 
 
 def dashboard(locks: LockService, cluster: Optional[ClusterView], monitor: Monitor,
@@ -185,8 +194,25 @@ def dashboard(locks: LockService, cluster: Optional[ClusterView], monitor: Monit
 # -- resources ---------------------------------------------------------------
 
 
+# JSON and text answers: nothing may load, run or frame them.
+API_POLICY = b"default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+
+
+def _secure(request: Request, policy: bytes = API_POLICY) -> None:
+    """
+    Security headers on every answer: a Content-Security-Policy that forbids
+    loads from anywhere else, no framing (clickjacking of the admin's
+    force-release), and no MIME sniffing.
+    """
+    request.setHeader(b"content-security-policy", policy)
+    request.setHeader(b"x-frame-options", b"DENY")
+    request.setHeader(b"x-content-type-options", b"nosniff")
+    request.setHeader(b"referrer-policy", b"no-referrer")
+
+
 def _json(request: Request, data: Any, code: int = 200) -> bytes:
     request.setResponseCode(code)
+    _secure(request)
     request.setHeader(b"content-type", b"application/json")
     request.setHeader(b"cache-control", b"no-store")
     return json.dumps(data, indent=2).encode() + b"\n"
@@ -208,6 +234,26 @@ def _int(request: Request, name: bytes, default: int, low: int = 0,
     if not low <= value <= high:
         raise BadQuery(f"{name.decode()} must be between {low} and {high}")
     return value
+
+
+REASON_LIMIT = 500
+
+
+def cleanReason(raw: bytes) -> str:
+    """
+    A force-release reason fit for one log line and the event ring: control
+    characters and line separators escaped (C{\\n}, C{\\x1b}), so a reason
+    cannot forge log lines or terminal output; at most L{REASON_LIMIT}
+    characters.
+    """
+    text = raw.decode("utf-8", "replace").strip()
+    if len(text) > REASON_LIMIT:
+        text = text[:REASON_LIMIT] + "..."
+    return "".join(
+        c.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
+        for c in text
+    )
 
 
 def _key(raw: Optional[bytes]) -> Optional[bytes]:
@@ -247,8 +293,12 @@ class StatusResource(_NodeResource):
 class LocksResource(_NodeResource):
     """
     C{GET /locks}, C{GET /locks?key=K}, C{GET /locks/K}, C{GET /locks/stats},
-    and the admin's C{POST /locks/K/release}.  Keys may hold slashes
-    (C{/locks/orders/42/release}) or percent-escapes.
+    and the admin's C{POST /locks/K/release} or C{POST /locks/release?key=K}.
+    Keys may hold slashes (C{/locks/orders/42/release}) or percent-escapes
+    (C{%2F} is a slash, C{%25} a percent sign).
+
+    The query form (C{?key=K}) names any key without ambiguity; the path
+    form cannot name a key called C{stats} (that is the statistics page).
     """
 
     def __init__(self, locks: LockService, cluster: Optional[ClusterView],
@@ -258,7 +308,11 @@ class LocksResource(_NodeResource):
         self.adminSecret = adminSecret
 
     def _path(self, request: Request) -> List[bytes]:
-        return [unquote_to_bytes(p) for p in (request.postpath or []) if p]
+        # twisted.web has already percent-decoded each segment (after
+        # splitting on "/", so %2F stays inside its segment): decoding
+        # again would turn the key "a%41" into "aA".
+        path = list(request.postpath or [])
+        return [] if path == [b""] else path  # /locks/ is /locks
 
     def render_GET(self, request: Request) -> bytes:
         path = self._path(request)
@@ -280,17 +334,22 @@ class LocksResource(_NodeResource):
 
     def render_POST(self, request: Request) -> bytes:
         path = self._path(request)
-        if len(path) < 2 or path[-1] != b"release":
-            return _json(request, {"error": "POST /locks/<key>/release"}, 404)
+        query = _arg(request, b"key")
+        if path == [b"release"] and query is not None:
+            raw = query  # POST /locks/release?key=K: any key, unambiguous
+        elif len(path) >= 2 and path[-1] == b"release" and query is None:
+            raw = b"/".join(path[:-1])
+        else:
+            return _json(request, {"error": "POST /locks/<key>/release "
+                                            "or /locks/release?key=<key>"}, 404)
         if self.adminSecret is None or self.monitor is None:
             return _json(request, {"error": "force-release is off: no --admin-secret"}, 403)
         if not self._authorized(request):
             request.setHeader(b"www-authenticate", b'Bearer realm="lockservice"')
             return _json(request, {"error": "wrong or missing admin secret"}, 401)
-        key = _key(b"/".join(path[:-1]))
+        key = _key(raw)
         assert key is not None
-        reason = (_arg(request, b"reason") or b"").decode("utf-8", "replace").strip()
-        reason = reason or "no reason given"
+        reason = cleanReason(_arg(request, b"reason") or b"") or "no reason given"
         if self.locks.role != "active":
             active = self.locks.activeAddress
             return _json(request, {
@@ -351,12 +410,27 @@ class MetricsResource(Resource):
         self.metrics = metrics
 
     def render_GET(self, request: Request) -> bytes:
+        _secure(request)
         request.setHeader(b"content-type", CONTENT_TYPE.encode())
         return self.metrics.render()
 
 
 def _page() -> bytes:
     return resources.files("lockservice.server").joinpath("dashboard.html").read_bytes()
+
+
+def pagePolicy(page: bytes) -> bytes:
+    """
+    The dashboard's Content-Security-Policy: its one inline script (allowed
+    by hash, so no other script can run), inline styles, and requests to
+    this node only; nothing from elsewhere.
+    """
+    start = page.index(b"<script>") + len(b"<script>")
+    script = page[start:page.index(b"</script>", start)]
+    digest = base64.b64encode(hashlib.sha256(script).digest())
+    return (b"default-src 'none'; script-src 'sha256-" + digest + b"'; "
+            b"style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
+            b"frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 
 
 class PageResource(Resource):
@@ -370,19 +444,30 @@ class PageResource(Resource):
     def __init__(self) -> None:
         super().__init__()
         self.page = _page()
+        self.policy = pagePolicy(self.page)
 
     def render_GET(self, request: Request) -> bytes:
         if request.postpath and any(request.postpath):
+            _secure(request)
             request.setResponseCode(404)
+            request.setHeader(b"content-type", b"text/plain; charset=utf-8")
             return b"not found\n"
+        _secure(request, self.policy)
         request.setHeader(b"content-type", b"text/html; charset=utf-8")
         request.setHeader(b"cache-control", b"no-store")
         return self.page
 
 
+class _NotFound(Resource):
+    isLeaf = True
+
+    def render(self, request: Request) -> bytes:
+        return _json(request, {"error": "no such page"}, 404)
+
+
 class _Root(Resource):
     def getChild(self, path: bytes, request: Request) -> IResource:  # type: ignore[override]
-        return notFound()
+        return _NotFound()
 
 
 def makeRoot(locks: LockService, cluster: Optional[ClusterView],
