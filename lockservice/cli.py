@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional
 EX_OK = 0
 EX_STALE = 1  # release answered STALE; release --force: the key was not held
 EX_USAGE = 2
+EX_NOT_ACTIVE = 3  # release --force sent to a standby (HTTP 409)
 EX_UNAVAILABLE = 69
 EX_LOST = 74
 EX_TEMPFAIL = 75
@@ -45,6 +46,8 @@ EXIT_STATUSES = {
     EX_STALE: "release answered STALE; release --force: the key was not held",
     EX_USAGE: "bad arguments (help printed when there are none), or the server "
               "rejected the request (E)",
+    EX_NOT_ACTIVE: "release --force: that node is a standby (HTTP 409); "
+                   "send it to the active's HTTP endpoint",
     EX_UNAVAILABLE: "no node (or HTTP endpoint) reachable",
     EX_LOST: "run: the lock was lost while CMD ran; CMD was stopped",
     EX_TEMPFAIL: "the wait ran out without a grant (acquire, run)",
@@ -178,6 +181,13 @@ def eventsCommand(args: argparse.Namespace) -> int:
             except urllib.error.HTTPError as e:
                 raise CommandError(f"{url} answered {e.code} {e.reason}",
                                    EX_UNAVAILABLE) from None
+            missed = int(answer.get("missed", 0) or 0)
+            if missed and since > 0:
+                # One line per gap: the node's ring dropped events this
+                # reader had not seen yet (it polled too slowly).
+                print(f"lockservice: warning: {missed} events missed (gone from the "
+                      f"node's ring before they were read); continuing from "
+                      f"#{answer.get('oldest')}", file=sys.stderr, flush=True)
             for event in answer.get("events", []):
                 print(json.dumps(event) if args.json else formatEvent(event), flush=True)
             since = max(since, int(answer.get("next", since)))
@@ -221,7 +231,7 @@ def forceReleaseCommand(args: argparse.Namespace) -> int:
             active = _jsonBody(e).get("active")
             raise CommandError("this node is not active" + (
                 f"; its active serves HTTP elsewhere (client address {active})"
-                if active else ""), EX_UNAVAILABLE) from None
+                if active else ""), EX_NOT_ACTIVE) from None
         raise CommandError(f"{url} answered {e.code} {e.reason}", EX_UNAVAILABLE) from None
     if args.json:
         print(json.dumps(answer))

@@ -50,3 +50,20 @@ def test_since_ahead_of_this_process() -> None:
     ring.add(1.0, GRANT, b"k", 1)
     assert ring.since(500) == ([], 1)
     assert ring.since(-3)[1] == 1
+
+
+def test_a_reader_that_fell_behind_is_told() -> None:
+    """
+    C{since} older than the ring: the events in between are gone, and
+    L{EventRing.missed} says how many (0 when nothing was lost).
+    """
+    ring = EventRing(capacity=10)
+    assert ring.oldest == 1 and ring.missed(0) == 0
+    for i in range(25):
+        ring.add(float(i), RELEASE, b"k", i)
+    assert ring.oldest == 16
+    assert ring.missed(3) == 12  # events 4..15 were dropped
+    assert ring.missed(15) == 0 and ring.missed(20) == 0 and ring.missed(99) == 0
+    assert ring.missed(0) == 15
+    events, _ = ring.since(3)
+    assert events[0].seq == 16

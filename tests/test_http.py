@@ -166,7 +166,7 @@ def test_events_contract(node: ProtocolNode) -> None:
     response, body = fetch(stub, "/events")
     assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
     data = json.loads(body)
-    assert set(data) == {"events", "next"}
+    assert set(data) == {"events", "next", "oldest", "gap", "missed"}
     events = data["events"]
     assert [e["type"] for e in events] == ["grant", "timeout", "grant", "renewal", "release"]
     assert [e["seq"] for e in events] == [1, 2, 3, 4, 5] and data["next"] == 5
@@ -181,7 +181,8 @@ def test_events_contract(node: ProtocolNode) -> None:
     assert [e["seq"] for e in json.loads(keyed)["events"]] == [3]
     assert json.loads(keyed)["next"] == 5
     _, none = fetch(stub, "/events?since=5")
-    assert json.loads(none) == {"events": [], "next": 5}
+    assert json.loads(none) == {"events": [], "next": 5, "oldest": 1, "gap": False,
+                                "missed": 0}
     bad, _ = fetch(stub, "/events?since=-1")
     assert bad.code == 400
 
@@ -474,3 +475,35 @@ def test_dashboard_policy_allows_its_own_script_only(node: ProtocolNode) -> None
     digest = base64.b64encode(hashlib.sha256(script).digest())
     assert b"script-src 'sha256-" + digest + b"'" in policy
     assert b"connect-src 'self'" in policy and b"unsafe-eval" not in policy
+
+
+def test_force_release_reason_cannot_forge_lines(node: ProtocolNode) -> None:
+    """
+    Newlines and other control characters in a reason are escaped before
+    it is logged, stored in the event ring or echoed.
+    """
+    from twisted.logger import formatEvent, globalLogPublisher
+    logged: list = []  # type: ignore[type-arg]
+
+    def observer(event: Any) -> None:
+        logged.append(formatEvent(event))
+
+    stub, monitor = withMonitor(node, adminSecret=SECRET)
+    node.connect().ask(b"A k 30 0")
+    reason = "stuck\n2026-01-01 [lockservice] Force-release of everything\r\x1b[2J\u2028x"
+    globalLogPublisher.addObserver(observer)
+    try:
+        code, answer = post(stub, "/locks/k/release", reason=reason)
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert code == 200
+    expected = ("stuck\\n2026-01-01 [lockservice] Force-release of everything"
+                "\\r\\x1b[2J\\u2028x")
+    assert answer["reason"] == expected
+    [event] = [e for e in monitor.events.since(0)[0] if e.type == "force-release"]
+    assert event.detail is not None and event.detail.endswith(expected)
+    [line] = [m for m in logged if "Force-release of k" in m]
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    node.connect().ask(b"A k2 30 0")
+    code, answer = post(stub, "/locks/k2/release", reason="x" * 5000)
+    assert code == 200 and len(answer["reason"]) == 503

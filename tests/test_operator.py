@@ -15,6 +15,7 @@ import pytest
 
 from lockservice.tap import Options
 from lockservice.testing.harness import LineClient, Node, freePort, waitFor
+from tests.test_cli import cli
 
 
 def get(port: int, path: str) -> Any:
@@ -235,6 +236,11 @@ def test_force_release_is_replicated(cluster, tmp_path) -> None:  # type: ignore
                 what="grant replicated")
         code, answer = post(ports[1], "/locks/shared/release", "s3cret", "on the standby")
         assert code == 409 and answer["active"] == c.nodes[0].address
+        # The CLI says so with its own status: the node was reached (not 69).
+        standby = cli("release", "--force", "shared", "--reason", "x", "--admin-secret",
+                      str(secretFile), "--http", f"http://127.0.0.1:{ports[1]}")
+        assert standby.returncode == 3, standby
+        assert b"not active" in standby.stderr and b"Traceback" not in standby.stderr
         code, answer = post(ports[0], "/locks/shared/release", "s3cret", "stuck")
         assert code == 200
         new = int(nxt.readline().split()[2])
@@ -264,3 +270,27 @@ def test_handoff_promotion_event(cluster) -> None:  # type: ignore[no-untyped-de
     [event] = [e for e in get(ports[1], "/events")["events"] if e["type"] == "promotion"]
     assert event["who"] == second.address
     assert event["detail"].startswith(f"by handoff from {first.address}")
+
+
+def test_events_gap_is_signalled(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    A reader whose C{since} is older than the ring (10,000 events) is told
+    (C{gap}, C{missed}, C{oldest}), and C{lockservice events} prints one
+    warning line on stderr.
+    """
+    node, http = httpNode(spawn)
+    with LineClient(node.port) as c:
+        c.send(b"".join(b"A gap/%d 300 0\n" % i for i in range(10050)))
+        waitFor(lambda: get(http, "/status")["held_keys"] == 10050, 60, what="grants")
+    answer = get(http, "/events?since=5&limit=1")
+    assert answer["gap"] is True and answer["oldest"] == 51 and answer["missed"] == 45
+    assert answer["events"][0]["seq"] == 51
+    fresh = get(http, "/events?since=60&limit=1")
+    assert fresh["gap"] is False and fresh["missed"] == 0
+    got = cli("events", "--since", "5", "--http", f"http://127.0.0.1:{http}")
+    assert got.returncode == 0, got.stderr
+    warnings = got.stderr.decode().splitlines()
+    assert len(warnings) == 1 and "45 events missed" in warnings[0], warnings
+    assert got.stdout.decode().splitlines()[0].split()[0] == "51"
+    quiet = cli("events", "--since", "10040", "--http", f"http://127.0.0.1:{http}")
+    assert quiet.returncode == 0 and quiet.stderr == b""

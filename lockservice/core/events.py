@@ -99,6 +99,21 @@ class EventRing:
         self.last += 1
         self._events.append((self.last, time, type, key, token, who, detail, seconds))
 
+    @property
+    def oldest(self) -> int:
+        """
+        The sequence number of the oldest event still in the ring (that of
+        the next event when the ring is empty).
+        """
+        return self._events[0][0] if self._events else self.last + 1
+
+    def missed(self, since: int) -> int:
+        """
+        How many events after C{since} are no longer in the ring (a reader
+        that fell behind by more than the ring holds).
+        """
+        return max(0, min(self.oldest, self.last + 1) - max(since, 0) - 1)
+
     def since(self, since: int = 0, key: Optional[bytes] = None,
               limit: int = 1000) -> Tuple[List[Event], int]:
         """

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import time
+import unicodedata
 from importlib import resources
 from itertools import islice
 from typing import Any, Dict, List, Optional, Tuple
@@ -162,8 +163,16 @@ def keyStats(monitor: Monitor, limit: int = STATS_LIMIT) -> Dict[str, Any]:
 
 def recentEvents(monitor: Monitor, since: int = 0, key: Optional[bytes] = None,
                  limit: int = EVENTS_LIMIT) -> Dict[str, Any]:
-    found, nxt = monitor.events.since(since, key, limit)
-    return {"events": [event.asDict() for event in found], "next": nxt}
+    """
+    The events after C{since}; C{gap} (with C{missed}, how many) says that
+    some of them are gone from the ring: the reader fell behind by more
+    than the ring holds.  C{oldest} is the oldest sequence number kept.
+    """
+    ring = monitor.events
+    missed = ring.missed(since)
+    found, nxt = ring.since(since, key, limit)
+    return {"events": [event.asDict() for event in found], "next": nxt,
+            "oldest": ring.oldest, "gap": missed > 0, "missed": missed}
 
 
 def dashboard(locks: LockService, cluster: Optional[ClusterView], monitor: Monitor,
@@ -225,6 +234,26 @@ def _int(request: Request, name: bytes, default: int, low: int = 0,
     if not low <= value <= high:
         raise BadQuery(f"{name.decode()} must be between {low} and {high}")
     return value
+
+
+REASON_LIMIT = 500
+
+
+def cleanReason(raw: bytes) -> str:
+    """
+    A force-release reason fit for one log line and the event ring: control
+    characters and line separators escaped (C{\\n}, C{\\x1b}), so a reason
+    cannot forge log lines or terminal output; at most L{REASON_LIMIT}
+    characters.
+    """
+    text = raw.decode("utf-8", "replace").strip()
+    if len(text) > REASON_LIMIT:
+        text = text[:REASON_LIMIT] + "..."
+    return "".join(
+        c.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
+        for c in text
+    )
 
 
 def _key(raw: Optional[bytes]) -> Optional[bytes]:
@@ -320,8 +349,7 @@ class LocksResource(_NodeResource):
             return _json(request, {"error": "wrong or missing admin secret"}, 401)
         key = _key(raw)
         assert key is not None
-        reason = (_arg(request, b"reason") or b"").decode("utf-8", "replace").strip()
-        reason = reason or "no reason given"
+        reason = cleanReason(_arg(request, b"reason") or b"") or "no reason given"
         if self.locks.role != "active":
             active = self.locks.activeAddress
             return _json(request, {
