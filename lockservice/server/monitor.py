@@ -158,7 +158,10 @@ class Monitor:
                 waiter: Optional[Waiter], waited: float) -> None:
         self.keys.granted(key, waited)
         self.series.granted(now)
-        self._held[key] = _Held(token, owner, now)
+        if self.warnHold is not None:
+            # Only long-hold checks need a record per grant: without
+            # --warn-hold the table's holders are all there is per key.
+            self._held[key] = _Held(token, owner, now)
         if waiter is not None:
             who = waiter.holderName()
             if who is not None:
@@ -211,11 +214,14 @@ class Monitor:
         self._alarm = None
         if role != ACTIVE:
             return
+        if self.warnHold is None:
+            for key, holder in holders:
+                self.graph.hold(key, holder.owner, now)
+            return
         for key, holder in sorted(holders, key=lambda item: item[1].grantedAt):
             self._held[key] = _Held(holder.token, holder.owner, holder.grantedAt)
             self.graph.hold(key, holder.owner, now)
-            if self.warnHold is not None:
-                self._watch(holder.grantedAt + self.warnHold, key, holder.token)
+            self._watch(holder.grantedAt + self.warnHold, key, holder.token)
 
     # -- the cluster's event sink ----------------------------------------------
 
