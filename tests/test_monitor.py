@@ -195,14 +195,16 @@ def test_deadlock_list_is_bounded() -> None:
 class FakeService:
     def __init__(self, m: Monitor) -> None:
         self.monitor = m
-        self.held = {b"k": 7}
+        self.held = {b"k": (7, "stuck")}
 
     def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
-        if self.held.get(key) != token:
+        held = self.held.get(key)
+        if held is None or held[0] != token:
             reply(b"R " + key + b" STALE\n")
             return
         del self.held[key]
-        self.monitor.dropped(1000, key, token, None, 3.0, expired=False)
+        # Like the lock service, it tells who held the key.
+        self.monitor.dropped(1000, key, token, held[1], 3.0, expired=False)
         reply(b"R " + key + b" OK\n")
 
 

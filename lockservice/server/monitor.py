@@ -187,7 +187,10 @@ class Monitor:
         """
         self.keys.granted(key, waited)
         self.series.granted(now)
-        self._held[key] = _Held(token, owner, now)
+        if self.warnHold is not None:
+            # Only long-hold checks need a record per grant: without
+            # --warn-hold the table's holders are all there is per key.
+            self._held[key] = _Held(token, owner, now)
         if waiter is not None:
             self.graph.unwait(key, waiter.conn)
             if conn is None:
@@ -245,12 +248,13 @@ class Monitor:
         self._checking = None
         if role != ACTIVE:
             return
+        # Holders from before are unknown to the wait-for graph (it knows
+        # connections, and these grants came by replication).
+        if self.warnHold is None:
+            return
         for key, holder in sorted(holders, key=lambda item: item[1].grantedAt):
-            # Holders from before are unknown to the wait-for graph (it
-            # knows connections, and these grants came by replication).
             self._held[key] = _Held(holder.token, holder.owner, holder.grantedAt)
-            if self.warnHold is not None:
-                self._watch(holder.grantedAt + self.warnHold, key, holder.token)
+            self._watch(holder.grantedAt + self.warnHold, key, holder.token)
 
     # -- the cluster's event sink ----------------------------------------------
 

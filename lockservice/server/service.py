@@ -11,8 +11,8 @@ decided by the cluster layer through L{LockService.setRole}.
 from __future__ import annotations
 
 from heapq import heapify, heappop, heappush
-from math import inf
-from typing import Callable, Iterator, List, Optional, Protocol, Set, Tuple, cast
+from math import ceil, inf
+from typing import Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple, Union, cast
 
 from twisted.application.service import Service
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -41,6 +41,15 @@ DEFAULT_MAX_WAITERS = 10_000
 # run out together), the rest wait for the next turn, so other clients'
 # requests are served in between instead of after the whole pile.
 TIMER_BUDGET = 1000
+
+
+def _leaseBucket(at: float) -> int:
+    """
+    The millisecond bucket of a lease deadline: bucket C{b} holds the
+    deadlines in C{((b - 1) / 1000, b / 1000]}, so a deadline C{<= now}
+    is never in a bucket after C{_leaseBucket(now)}.
+    """
+    return ceil(at * 1000)
 
 
 class AnswerSink(Protocol):
@@ -233,10 +242,18 @@ class LockService(Service):
         self._errorsLogged: Set[str] = set()
         # Connections whose answers are being gathered in this reactor turn.
         self.turn: Optional[List[AnswerSink]] = None
-        # Lease deadlines: (expiresAt, key, token).  A release or renewal
-        # leaves its entry behind (skipped when it comes up); the heap is
-        # rebuilt when such entries pile up.
-        self._leases: List[Tuple[float, bytes, int]] = []
+        # Lease deadlines, by millisecond bucket (L{_leaseBucket}): a heap of
+        # bucket numbers, and per bucket the keys whose lease ends in it (a
+        # bare key while it is the only one).  Grants made close together
+        # share a bucket, so a held key costs about one list slot here
+        # instead of a heap entry of its own; the deadline itself is the
+        # holder's C{expiresAt}.  A release, renewal or hand-over leaves its
+        # old entry behind (skipped when it comes up: the holder's deadline
+        # is no longer in that bucket); they are dropped by a rebuild when
+        # they pile up.
+        self._leaseBuckets: Dict[int, Union[bytes, List[bytes]]] = {}
+        self._leaseOrder: List[int] = []
+        self._leaseEntries = 0
         self._leaseAlarm = _Alarm(clock, self._leasesDue, self._nextLease)
         # Wait deadlines: (deadline, sequence, waiter).  A waiter that
         # leaves its queue otherwise leaves its entry behind, counted in
@@ -505,31 +522,101 @@ class LockService(Service):
                 self._staleWaits = 0
                 self._waitAlarm.rearm()
 
+    def _bucketKeys(self, bucket: int) -> List[bytes]:
+        """
+        The keys whose lease (still) ends in C{bucket}: entries left behind
+        by a release, renewal or hand-over are skipped, and so is a key
+        entered twice.
+        """
+        entries = self._leaseBuckets.get(bucket)
+        if entries is None:
+            return []
+        holder = self.table.holder
+        live: List[bytes] = []
+        for key in (entries,) if isinstance(entries, bytes) else dict.fromkeys(entries):
+            h = holder(key)
+            if h is not None and _leaseBucket(h.expiresAt) == bucket:
+                live.append(key)
+        return live
+
     def _nextLease(self) -> Optional[float]:
-        return self._leases[0][0] if self._leases else None
+        order = self._leaseOrder
+        while order:
+            bucket = order[0]
+            live = self._bucketKeys(bucket)
+            if live:
+                # The latest deadline of the first bucket: at most a
+                # millisecond after the others, so they expire together.
+                holder = self.table.holder
+                return max(cast(Holder, holder(key)).expiresAt for key in live)
+            heappop(order)
+            self._dropBucket(bucket)
+        return None
+
+    def _dropBucket(self, bucket: int) -> None:
+        entries = self._leaseBuckets.pop(bucket, None)
+        if entries is not None:
+            self._leaseEntries -= 1 if isinstance(entries, bytes) else len(entries)
+
+    def _fileLease(self, key: bytes, expiresAt: float) -> None:
+        bucket = _leaseBucket(expiresAt)
+        entries = self._leaseBuckets.get(bucket)
+        if entries is None:
+            self._leaseBuckets[bucket] = key
+            heappush(self._leaseOrder, bucket)
+        elif isinstance(entries, bytes):
+            self._leaseBuckets[bucket] = [entries, key]
+        else:
+            entries.append(key)
+        self._leaseEntries += 1
 
     def _armLease(self, key: bytes, token: int, expiresAt: float) -> None:
-        heappush(self._leases, (expiresAt, key, token))
+        self._fileLease(key, expiresAt)
         if expiresAt < self._leaseAlarm.at:
             self._leaseAlarm.arm(expiresAt)
-        elif not self._leaseAlarm.firing and len(self._leases) > 2 * len(self.table) + 4096:
+        elif (not self._leaseAlarm.firing
+              and self._leaseEntries > 2 * len(self.table) + 4096):
             self._armAllLeases()
 
     def _leasesDue(self, at: float) -> None:
         # The reactor judged `at` due; do not let float rounding disagree.
         now = max(self.clock.seconds(), at)
-        heap = self._leases
+        last = _leaseBucket(now)
+        order = self._leaseOrder
+        holder = self.table.holder
         budget = TIMER_BUDGET
         outer = self.openTurn()
         try:
-            while heap and heap[0][0] <= now and budget:
-                budget -= 1
-                _, key, token = heappop(heap)
-                try:
-                    self._expire(key, token, now)
-                except Exception:
-                    # One bad hand-over must not stop every later expiry.
-                    self._internalError("lease expiry")
+            # Filed back after the loop (not due yet, or over the budget):
+            # filing them at once would bring their bucket up again.
+            later: List[bytes] = []
+            while order and order[0] <= last and budget:
+                bucket = heappop(order)
+                live = self._bucketKeys(bucket)
+                self._dropBucket(bucket)
+                due = []
+                for key in live:
+                    if cast(Holder, holder(key)).expiresAt <= now:
+                        due.append(key)
+                    else:
+                        later.append(key)
+                # The same order as one heap of (deadline, key) would give.
+                due.sort(key=lambda k: (cast(Holder, holder(k)).expiresAt, k))
+                later.extend(due[budget:])
+                for key in due[:budget]:
+                    budget -= 1
+                    h = holder(key)
+                    if h is None:
+                        continue
+                    try:
+                        self._expire(key, h.token, now)
+                    except Exception:
+                        # One bad hand-over must not stop every later expiry.
+                        self._internalError("lease expiry")
+            for key in later:
+                h = holder(key)
+                if h is not None:
+                    self._fileLease(key, h.expiresAt)
         finally:
             if outer:
                 self.closeTurn()
@@ -550,13 +637,18 @@ class LockService(Service):
         self._afterHandOver(grant, orphans, now)
 
     def _armAllLeases(self) -> None:
-        self._leases = [(h.expiresAt, k, h.token) for k, h in self.table.holders()]
-        heapify(self._leases)
+        self._leaseBuckets = {}
+        self._leaseOrder = []
+        self._leaseEntries = 0
+        for key, holder in self.table.holders():
+            self._fileLease(key, holder.expiresAt)
         if not self._leaseAlarm.firing:
             self._leaseAlarm.rearm()
 
     def _cancelLeaseTimers(self) -> None:
-        self._leases = []
+        self._leaseBuckets = {}
+        self._leaseOrder = []
+        self._leaseEntries = 0
         self._leaseAlarm.cancel()
 
     def _takeWaiters(self) -> List[PendingAcquire]:
