@@ -110,11 +110,11 @@ class Cluster(Service):
         self.startedAt = self.clock.seconds()
         self.syncStartedAt = self.startedAt
         self.stopping = False
-        # When this node last became active, and whether it serves yet
-        # (see gate).
-        self.activeSince = self.startedAt
+        # Whether this node, when active, serves yet (see gate).
         self.serving = False
+        self.activeSince = self.startedAt
         self._unsubscribedLogged = False
+        self._unsubscribedSince: Dict[int, float] = {}
         self._mergeOnSync = False
         self._beat: Optional[LoopingCall] = None
         self._implausibleLogged: Dict[int, float] = {}
@@ -427,9 +427,17 @@ class Cluster(Service):
             self.serving = False
             return
         missing = self.unsubscribed()
+        now = self.clock.seconds()
+        for j in list(self._unsubscribedSince):
+            if j not in missing:
+                del self._unsubscribedSince[j]
+        for j in missing:
+            self._unsubscribedSince.setdefault(j, now)
         serving = not missing
         if missing:
-            waited = self.clock.seconds() - self.activeSince
+            # Each peer gets the bound from when it became a live
+            # non-subscriber (a restarted node syncs within it).
+            waited = now - max(self._unsubscribedSince[j] for j in missing)
             if waited >= SUBSCRIBE_BOUND * self.peerTimeout:
                 serving = True
                 if not self._unsubscribedLogged:
@@ -444,6 +452,14 @@ class Cluster(Service):
         if serving != self.serving:
             self.serving = serving
             self.locks.setRole(ACTIVE if serving else HANDING_OFF, self.activeAddress())
+            if serving:
+                self.log.info("serving: {peers} live peer(s) receive the stream "
+                              "({ms:.0f} ms after this node became active)",
+                              peers=len(self.views) - len(missing),
+                              ms=(now - self.activeSince) * 1000)
+            else:
+                self.log.info("not serving until {peers} receive(s) the stream",
+                              peers=", ".join(self.name(j) for j in missing))
 
     def _act(self, action: Action) -> None:
         if action.kind == "promote":
@@ -475,6 +491,7 @@ class Cluster(Service):
         if role == ACTIVE and self.role != ACTIVE:
             self.activeSince = self.clock.seconds()
             self._unsubscribedLogged = False
+            self._unsubscribedSince.clear()
         self.role = role
         if role == ACTIVE:
             # Frozen until every live peer receives our stream (see gate).
