@@ -39,7 +39,7 @@ def grant(port: int, key: bytes, lease: bytes = b"60") -> int:
     while True:
         with LineClient(port) as c:
             answer = c.ask(b"A " + key + b" " + lease + b" 5", timeout=10)
-        if answer != b"M A " + key + b" *\n" or time.monotonic() > deadline:
+        if answer.rstrip() != b"M A " + key + b" *" or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     assert answer.startswith(b"A " + key + b" "), answer
