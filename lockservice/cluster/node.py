@@ -36,7 +36,7 @@ from twisted.logger import Logger
 
 from lockservice.cluster.handoff import Handoffs
 from lockservice.cluster.links import Links
-from lockservice.cluster.peer import PeerChannel, acceptChannel
+from lockservice.cluster.peer import HandshakeLimit, PeerChannel, acceptChannel
 from lockservice.cluster.replication import PLAUSIBLE_AHEAD, Stream
 from lockservice.core import election
 from lockservice.core.election import (
@@ -100,6 +100,7 @@ class Cluster(Service):
                            endpointFor or self._endpointFor, self.peers)
         self.lastHeard = self.links.lastHeard
         self.stream = Stream(self)
+        self.handshakes = HandshakeLimit(self.clock)
         self.handoffs = Handoffs(self)
         self.role = SYNCING
         self.term = 0
@@ -274,10 +275,11 @@ class Cluster(Service):
         A client connection opened with HELLO: it becomes a peer channel
         (the server's C{peerAcceptor}).
         """
-        return acceptChannel(self, transport, hello)
+        return acceptChannel(self, transport, hello, self.handshakes)
 
-    def handshakeFailed(self, remote: int, outbound: bool, why: str) -> None:
-        self.links.handshakeFailed(remote, outbound, why)
+    def handshakeFailed(self, remote: int, outbound: bool, why: str,
+                        source: str = "") -> None:
+        self.links.handshakeFailed(remote, outbound, why, source)
         self.views[remote].secretMismatch = self.links.secretMismatch(remote)
 
     def channelUp(self, channel: PeerChannel) -> None:
