@@ -207,8 +207,9 @@ def test_a_flood_of_hellos_is_refused_before_any_proof() -> None:
 
 
 def test_an_inbound_mismatch_names_the_source_of_the_claim() -> None:
-    from lockservice.cluster.links import Links
     from twisted.logger import LogLevel, globalLogPublisher
+
+    from lockservice.cluster.links import Links
 
     seen: List[str] = []
 
