@@ -394,7 +394,9 @@ class LockTable:
         return True
 
     def _handOver(self, key: bytes, holder: Holder, now: float) -> Optional[Grant]:
-        queue = holder.queue
+        # The slot itself, not the property: this runs at every release.
+        extra = holder._extra
+        queue = extra.queue if extra is not None else None
         if queue is None:
             del self._keys[key]
             return None
