@@ -196,14 +196,17 @@ def test_deadlock_on_status(node: ProtocolNode) -> None:
     y.ask(b"A k2 30 0")
     x.ask(b"A k2 30 0")
     y.ask(b"A k1 30 0")
+    node.clock.advance(0)  # the wait-for graph is checked on the next turn
     _, body = fetch(stub, "/status")
     [cycle] = json.loads(body)["deadlocks"]
-    assert cycle["length"] == 2 and cycle["clients"] == ["x", "y"]
-    assert cycle["keys"] == ["k2", "k1"]
+    assert json.loads(body)["deadlocks_count"] == 1
+    assert cycle["length"] == 2 and cycle["clients"] == ["y", "x"]
+    assert cycle["keys"] == ["k1", "k2"]
     _, metrics = fetch(stub, "/metrics")
     assert "lockservice_deadlocks_total 1.0" in metrics.decode()
     assert "lockservice_deadlocks_now 1.0" in metrics.decode()
     y.close()  # y's wait is withdrawn: no deadlock any more
+    node.clock.advance(0)
     _, body = fetch(stub, "/status")
     assert json.loads(body)["deadlocks"] == []
 

@@ -5,7 +5,7 @@ force-release, driven through its observer interface with a task.Clock.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 from twisted.internet.task import Clock
@@ -16,16 +16,35 @@ from lockservice.core.table import Waiter
 from lockservice.server.monitor import TIMEOUT, WITHDRAWAL, Monitor
 
 
-class NamedWaiter(Waiter):
-    __slots__ = ("name",)
+class Conn:
+    """
+    A client connection as the monitor sees it: an identity with a name.
+    """
 
-    def __init__(self, key: bytes, name: str, queuedAt: float = 0.0) -> None:
-        super().__init__(key, 30.0)
+    def __init__(self, name: str) -> None:
         self.name = name
+
+
+_conns: Dict[str, Conn] = {}
+
+
+def conn(name: str) -> Conn:
+    """
+    One connection per name (in these tests).
+    """
+    return _conns.setdefault(name, Conn(name))
+
+
+class NamedWaiter(Waiter):
+    __slots__ = ("conn",)
+
+    def __init__(self, key: bytes, name: "str | Conn", queuedAt: float = 0.0) -> None:
+        super().__init__(key, 30.0)
+        self.conn = conn(name) if isinstance(name, str) else name
         self.queuedAt = queuedAt
 
     def holderName(self) -> Optional[str]:
-        return self.name
+        return self.conn.name
 
 
 @pytest.fixture
@@ -57,7 +76,7 @@ def types(m: Monitor) -> List[str]:
 
 def test_events_of_a_grant_wait_and_release() -> None:
     m = monitor()
-    m.granted(1000, b"k", 11, "alice", None, 0.0)
+    m.granted(1000, b"k", 11, "alice", None, 0.0, conn("alice"))
     w = NamedWaiter(b"k", "bob", queuedAt=1000)
     m.queued(1000, w)
     m.dropped(1002, b"k", 11, "alice", 2.0, expired=False)
@@ -111,20 +130,66 @@ def test_long_hold_logged_once_counted_and_flagged(log: List[str]) -> None:
 
 def test_deadlock_logged_once(log: List[str]) -> None:
     m = monitor()
-    m.granted(1000, b"k1", 1, "x", None, 0.0)
-    m.granted(1000, b"k2", 2, "y", None, 0.0)
-    m.queued(1001, NamedWaiter(b"k2", "x"))
+    clock = m.clock
+    assert isinstance(clock, Clock)
+    m.granted(1000, b"k1", 1, "x", None, 0.0, conn("x"))
+    m.granted(1000, b"k2", 2, "y", None, 0.0, conn("y"))
+    m.queued(1000, NamedWaiter(b"k2", "x"))
     wy = NamedWaiter(b"k1", "y")
-    m.queued(1002, wy)
-    assert log == ["Deadlock: x waits for k2 (held by y) -> y waits for k1 (held by x)"]
+    m.queued(1000, wy)
+    assert log == []  # checked on the next reactor turn, not inline
+    clock.advance(0)
+    assert log == ["Deadlock: y waits for k1 (held by x) -> x waits for k2 (held by y)"]
     [d] = m.deadlocks()
-    assert d["length"] == 2 and d["clients"] == ["x", "y"]
-    assert d["since"] == 1_700_000_000.0 + 1002
-    m.queued(1003, NamedWaiter(b"k1", "y"))
+    assert d["length"] == 2 and d["clients"] == ["y", "x"]
+    assert d["since"] == 1_700_000_000.0 + 1000
+    m.queued(1000, NamedWaiter(b"k1", "y"))
+    clock.advance(0)
     assert len(log) == 1 and m.graph.detected == 1
-    m.waitEnded(1004, wy, TIMEOUT)
+    m.waitEnded(1000, wy, TIMEOUT)
+    clock.advance(0)
     assert len(m.deadlocks()) == 1  # y's second wait keeps the cycle
     assert set(types(m)) <= set(TYPES)  # the contract's event types only
+    m.stop()
+    assert not clock.getDelayedCalls()
+
+
+def test_deadlock_after_a_rename_and_no_false_one_for_a_shared_name(
+        log: List[str]) -> None:
+    """
+    The graph is over connections: a client that renames itself after its
+    grant is still the holder, and another connection that takes the old
+    name is another client.
+    """
+    m = monitor()
+    clock = m.clock
+    assert isinstance(clock, Clock)
+    x, y, impostor = Conn("x"), Conn("y"), Conn("x")
+    m.granted(1000, b"k1", 1, "x", None, 0.0, x)
+    m.granted(1000, b"k2", 2, "y", None, 0.0, y)
+    x.name = "x-renamed"  # I x-renamed, after the grant
+    m.queued(1000, NamedWaiter(b"k2", impostor))  # takes x's old name, waits for k2
+    m.queued(1000, NamedWaiter(b"k1", y))
+    clock.advance(0)
+    assert log == [] and m.deadlocks() == []
+    m.queued(1000, NamedWaiter(b"k2", x))  # the real holder of k1 waits for k2
+    clock.advance(0)
+    assert log == ["Deadlock: y waits for k1 (held by x-renamed) -> "
+                   "x-renamed waits for k2 (held by y)"]
+
+
+def test_deadlock_list_is_bounded() -> None:
+    m = monitor()
+    clock = m.clock
+    assert isinstance(clock, Clock)
+    for i in range(50):
+        a, b = Conn(f"a{i}"), Conn(f"b{i}")
+        m.granted(1000, b"p%d" % i, 1, a.name, None, 0.0, a)
+        m.granted(1000, b"q%d" % i, 2, b.name, None, 0.0, b)
+        m.queued(1000, NamedWaiter(b"q%d" % i, a))
+        m.queued(1000, NamedWaiter(b"p%d" % i, b))
+    clock.advance(0)
+    assert len(m.graph.cycles) == 50 and len(m.deadlocks()) == 20
 
 
 class FakeService:

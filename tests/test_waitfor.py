@@ -1,21 +1,35 @@
 """
-The wait-for graph: deadlock cycles (pure).
+The wait-for graph: deadlock cycles (pure).  Clients are any hashable
+objects (the server passes connections); here, strings.
 """
 
 from __future__ import annotations
 
-from lockservice.core.waitfor import WaitForGraph
+import time
+from typing import List
+
+from lockservice.core.waitfor import Cycle, WaitForGraph
+
+
+def drain(g: WaitForGraph, now: float = 0.0) -> List[Cycle]:
+    found: List[Cycle] = []
+    while g.pending:
+        found += g.check(now)
+    return found
 
 
 def test_cycle_of_two() -> None:
     g = WaitForGraph()
-    assert g.hold(b"k1", "x", 1.0) == []
-    assert g.hold(b"k2", "y", 1.0) == []
-    assert g.wait(b"k2", "x", 2.0) == []
-    [cycle] = g.wait(b"k1", "y", 3.0)
-    assert cycle.steps == (("x", b"k2"), ("y", b"k1"))
+    g.hold(b"k1", "x")
+    g.hold(b"k2", "y")
+    g.wait(b"k2", "x")
+    assert drain(g, 2.0) == []
+    g.wait(b"k1", "y")
+    assert g.cycles == {}  # changes never search: check does
+    [cycle] = drain(g, 3.0)
+    assert cycle.steps == (("y", b"k1"), ("x", b"k2"))
     assert cycle.since == 3.0
-    assert cycle.describe() == "x waits for k2 (held by y) -> y waits for k1 (held by x)"
+    assert cycle.describe() == "y waits for k1 (held by x) -> x waits for k2 (held by y)"
     assert list(g.cycles.values()) == [cycle] and g.detected == 1
 
 
@@ -24,54 +38,122 @@ def test_cycle_of_three_closed_by_a_grant() -> None:
     The last edge of the cycle is a hand-over, not a new wait.
     """
     g = WaitForGraph()
-    g.hold(b"a", "x", 0)
-    g.hold(b"b", "y", 0)
-    g.hold(b"c", "old", 0)
-    assert g.wait(b"b", "x", 0) == []
-    assert g.wait(b"c", "y", 0) == []
-    assert g.wait(b"c", "z", 0) == []
-    assert g.wait(b"a", "z", 0) == []
+    g.hold(b"a", "x")
+    g.hold(b"b", "y")
+    g.hold(b"c", "old")
+    g.wait(b"b", "x")
+    g.wait(b"c", "y")
+    g.wait(b"c", "z")
+    g.wait(b"a", "z")
+    assert drain(g) == []
     # c passes from "old" to z: z holds c, which y waits for.
-    [cycle] = g.hold(b"c", "z", 5.0)
-    assert len(cycle.steps) == 3
+    g.unwait(b"c", "z")
+    g.hold(b"c", "z")
+    [cycle] = drain(g, 5.0)
     assert set(cycle.clients) == {"x", "y", "z"}
-    assert cycle.steps == (("x", b"b"), ("y", b"c"), ("z", b"a"))
+    assert cycle.steps == (("z", b"a"), ("x", b"b"), ("y", b"c"))
 
 
 def test_no_false_cycle_after_a_waiter_is_withdrawn() -> None:
     g = WaitForGraph()
-    g.hold(b"k1", "x", 0)
-    g.hold(b"k2", "y", 0)
-    g.wait(b"k2", "x", 0)
+    g.hold(b"k1", "x")
+    g.hold(b"k2", "y")
+    g.wait(b"k2", "x")
     g.unwait(b"k2", "x")  # x's wait timed out / its connection closed
-    assert g.wait(b"k1", "y", 0) == []
-    assert g.cycles == {}
+    g.wait(b"k1", "y")
+    assert drain(g) == [] and g.cycles == {}
+
+
+def test_withdrawn_before_the_check_runs() -> None:
+    """
+    A wait that closes a cycle and ends before the check runs is no cycle.
+    """
+    g = WaitForGraph()
+    g.hold(b"k1", "x")
+    g.hold(b"k2", "y")
+    g.wait(b"k2", "x")
+    g.wait(b"k1", "y")
+    g.unwait(b"k1", "y")
+    assert drain(g) == [] and g.cycles == {}
 
 
 def test_cycle_forgotten_when_broken_and_reported_again_when_it_reforms() -> None:
     g = WaitForGraph()
-    g.hold(b"k1", "x", 0)
-    g.hold(b"k2", "y", 0)
-    g.wait(b"k2", "x", 0)
-    assert len(g.wait(b"k1", "y", 0)) == 1
+    g.hold(b"k1", "x")
+    g.hold(b"k2", "y")
+    g.wait(b"k2", "x")
+    g.wait(b"k1", "y")
+    assert len(drain(g)) == 1
     # Found again from another edge: not a second report.
-    assert g.wait(b"k1", "y", 0) == []
+    g.wait(b"k1", "y")
+    assert drain(g) == []
     g.unwait(b"k1", "y")
-    assert len(g.cycles) == 1  # y still has one wait for k1
+    assert drain(g) == [] and len(g.cycles) == 1  # y still has one wait for k1
     g.unwait(b"k1", "y")
-    assert g.cycles == {}
-    assert len(g.wait(b"k1", "y", 9)) == 1
+    assert drain(g) == [] and g.cycles == {}
+    g.wait(b"k1", "y")
+    assert len(drain(g, 9)) == 1
     g.unhold(b"k2")  # released: y no longer blocks x
-    assert g.cycles == {} and g.detected == 2
+    assert drain(g) == [] and g.cycles == {} and g.detected == 2
+
+
+def test_one_report_per_set_of_clients() -> None:
+    """
+    Two clients deadlocked through many keys are one deadlock: reported
+    once, kept while any of their mutual waits lasts, with its keys
+    following the waits that remain.
+    """
+    g = WaitForGraph()
+    for i in range(100):
+        g.hold(b"x%03d" % i, "x")
+        g.hold(b"y%03d" % i, "y")
+    for i in range(100):
+        g.wait(b"y%03d" % i, "x")
+        g.wait(b"x%03d" % i, "y")
+    [cycle] = drain(g)
+    assert set(cycle.clients) == {"x", "y"} and g.detected == 1
+    for i in range(99):  # the waits time out one by one, but one is left
+        g.unwait(b"y%03d" % i, "x")
+        assert drain(g) == []
+        assert len(g.cycles) == 1
+    [kept] = g.cycles.values()
+    assert set(kept.keys) & {b"y099"} and kept.since == cycle.since
+    g.unwait(b"y099", "x")
+    assert drain(g) == [] and g.cycles == {} and g.detected == 1
 
 
 def test_self_wait_and_unknown_holders_are_not_cycles() -> None:
     g = WaitForGraph()
-    g.hold(b"k", "x", 0)
-    assert g.wait(b"k", "x", 0) == []
-    g.hold(b"r", None, 0)  # replicated grant: holder unknown
-    assert g.wait(b"r", "x", 0) == []
-    assert g.cycles == {}
+    g.hold(b"k", "x")
+    g.wait(b"k", "x")
+    g.hold(b"r", None)  # replicated grant: holder unknown
+    g.wait(b"r", "x")
+    assert drain(g) == [] and g.cycles == {}
+
+
+def test_clients_are_identities_not_names() -> None:
+    """
+    Two connections named alike are two clients: no false cycle; a
+    connection that renames itself is still the same client.
+    """
+    class Conn:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    a1, a2, b = Conn("nA"), Conn("nA"), Conn("nB")
+    g = WaitForGraph()
+    g.hold(b"k1", a1)
+    g.hold(b"k2", b)
+    g.wait(b"k2", a1)
+    g.wait(b"k1", a2)  # another process that happens to share nA's name...
+    g.wait(b"k2", a2)
+    assert drain(g) == [] and g.cycles == {}
+    b.name = "renamed"  # a rename changes nothing but the display
+    g.wait(b"k1", b)
+    [cycle] = drain(g)
+    assert set(cycle.clients) == {a1, b}
+    assert cycle.describe(lambda c: c.name) == (  # type: ignore[attr-defined]
+        "renamed waits for k1 (held by nA) -> nA waits for k2 (held by renamed)")
 
 
 def test_search_is_bounded() -> None:
@@ -81,14 +163,57 @@ def test_search_is_bounded() -> None:
     """
     g = WaitForGraph(maxSearch=50)
     for i in range(200):
-        g.hold(b"k%d" % i, f"c{i}", 0)
-        g.wait(b"k%d" % (i + 1), f"c{i}", 0)
-    g.hold(b"k200", "c200", 0)
-    assert g.wait(b"k0", "c200", 0) == []
+        g.hold(b"k%d" % i, f"c{i}")
+        g.wait(b"k%d" % (i + 1), f"c{i}")
+    g.hold(b"k200", "c200")
+    g.wait(b"k0", "c200")
+    assert drain(g) == []
     g2 = WaitForGraph()
     for i in range(200):
-        g2.hold(b"k%d" % i, f"c{i}", 0)
-        g2.wait(b"k%d" % (i + 1), f"c{i}", 0)
-    g2.hold(b"k200", "c200", 0)
-    [cycle] = g2.wait(b"k0", "c200", 0)
+        g2.hold(b"k%d" % i, f"c{i}")
+        g2.wait(b"k%d" % (i + 1), f"c{i}")
+    g2.hold(b"k200", "c200")
+    g2.wait(b"k0", "c200")
+    [cycle] = drain(g2)
     assert len(cycle.steps) == 201
+
+
+def test_check_work_is_bounded_per_call() -> None:
+    """
+    The tester's flood: two clients each hold M keys and queue on all 2M
+    keys (their own too).  Changes cost O(1); each check call visits
+    about its budget of edges; the one deadlock is reported once.
+    """
+    m = 4000
+    g = WaitForGraph()
+    for i in range(m):
+        g.hold(b"a%d" % i, "A")
+        g.hold(b"b%d" % i, "B")
+    started = time.perf_counter()
+    for who in ("A", "B"):
+        for i in range(m):
+            g.wait(b"a%d" % i, who)
+            g.wait(b"b%d" % i, who)
+    changes = time.perf_counter() - started
+    calls, found, slowest = 0, [], 0.0
+    while g.pending:
+        started = time.perf_counter()
+        found += g.check(0.0, budget=5000)
+        slowest = max(slowest, time.perf_counter() - started)
+        calls += 1
+    assert len(found) == 1 and g.detected == 1
+    assert calls < 100, calls
+    # Generous bounds (a loaded 2-core machine): each is ~1-5 ms alone.
+    assert changes < 2.0 and slowest < 0.5, (changes, slowest)
+
+
+def test_listing_is_bounded() -> None:
+    g = WaitForGraph(maxCycles=3)
+    for i in range(5):
+        x, y = f"x{i}", f"y{i}"
+        g.hold(b"p%d" % i, x)
+        g.hold(b"q%d" % i, y)
+        g.wait(b"q%d" % i, x)
+        g.wait(b"p%d" % i, y)
+    assert len(drain(g)) == 3
+    assert len(g.cycles) == 3 and g.unlisted >= 2  # found, not kept

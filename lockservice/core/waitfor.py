@@ -3,32 +3,58 @@
 The wait-for graph: which client waits for a key that which client holds,
 and the deadlocks (cycles) that follow.
 
-Clients are identified by a string (a connection's name, or its peer
-address when it has none).  The graph is bipartite, client -> key (waits
-for) and key -> client (held by), so a hand-over changes one edge whatever
-the queue length.  A cycle is searched for only through the edge just
-added, and each cycle is reported once, when it forms; it is forgotten as
-soon as one of its edges goes (a waiter withdrawn or timed out, a key
-released), so a cycle that forms again later is reported again.
+Clients are opaque hashable objects: the server uses the connections
+themselves, so a connection that renames itself stays the same client, and
+two connections that share a name are two clients (no false cycle).  Names
+are for display only (C{nameOf}).
 
-Detect, never break: nothing here changes who holds what.
+The graph is bipartite, client -> key (waits for) and key -> client (held
+by), so a change (a wait, a hand-over, a withdrawal) costs O(1) whatever
+the queue length.  Changes never search: they only note what must be
+checked (a new wait edge, a hand-over to a key with waiters, a reported
+cycle that lost an edge), and L{WaitForGraph.check} works through those
+notes within a budget of edges visited per call, so the caller (the
+reactor) is never held up for long, however many waits arrive at once.
 
-A client waiting for a key it holds itself is not reported (a process
-whose tasks share one connection name does that routinely; the lease ends
-it).  Pure: no clock, the caller gives the time.
+A cycle is reported once per distinct set of clients: while the clients of
+a reported cycle stay deadlocked (through whichever keys), their further
+waits for each other are neither searched nor reported again.  It is
+forgotten when its clients no longer form a cycle, so one that forms again
+later is reported again.
+
+Detect, never break: nothing here changes who holds what.  A client waiting
+for a key it holds itself is not a cycle (the lease ends it).  Pure: no
+clock, the caller gives the time.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from collections import deque
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    FrozenSet,
+    Iterator,
+    List,
+    Optional,
+    Set,
+    Tuple,
+)
 
-Step = Tuple[str, bytes]  # (client, the key it waits for)
+Client = object  # hashable by identity (the server passes connections)
+Step = Tuple[Client, bytes]  # (client, the key it waits for)
+CycleId = FrozenSet[Client]
+
+_WAIT, _HOLD, _RECHECK = 0, 1, 2
 
 
 class Cycle:
     """
     A deadlock: C{steps[i]} = (client i, key it waits for), and that key is
-    held by client i+1 (the last key by client 0).
+    held by client i+1 (the last key by client 0).  Rotated so that the
+    smallest key comes first (a stable order to show).
     """
 
     __slots__ = ("steps", "since")
@@ -38,112 +64,107 @@ class Cycle:
         self.since = since
 
     @property
-    def clients(self) -> List[str]:
+    def clients(self) -> List[Client]:
         return [who for who, _ in self.steps]
 
     @property
     def keys(self) -> List[bytes]:
         return [key for _, key in self.steps]
 
-    def describe(self) -> str:
+    def describe(self, nameOf: Callable[[Client], str] = str) -> str:
         """
         C{a waits for k1 (held by b) -> b waits for k2 (held by a)}.
         """
         parts = []
         for i, (who, key) in enumerate(self.steps):
             holder = self.steps[(i + 1) % len(self.steps)][0]
-            parts.append(f"{who} waits for {key.decode('utf-8', 'replace')} (held by {holder})")
+            parts.append(f"{nameOf(who)} waits for {key.decode('utf-8', 'replace')} "
+                         f"(held by {nameOf(holder)})")
         return " -> ".join(parts)
 
-    def asDict(self) -> Dict[str, object]:
+    def asDict(self, nameOf: Callable[[Client], str] = str) -> Dict[str, object]:
         return {
             "length": len(self.steps),
-            "clients": self.clients,
+            "clients": [nameOf(c) for c in self.clients],
             "keys": [k.decode("utf-8", "replace") for k in self.keys],
             "since": self.since,
-            "description": self.describe(),
+            "description": self.describe(nameOf),
         }
 
 
-def _canonical(steps: List[Step]) -> Tuple[Step, ...]:
-    # The same cycle found from another edge must compare equal.
-    start = min(range(len(steps)), key=lambda i: steps[i])
+def _rotated(steps: List[Step]) -> Tuple[Step, ...]:
+    # Keys in a cycle are distinct (each is held by a different client).
+    start = min(range(len(steps)), key=lambda i: steps[i][1])
     return tuple(steps[start:] + steps[:start])
-
-
-def _discard(index: Dict[Any, Set[Tuple[Step, ...]]], at: Any,
-             cid: Tuple[Step, ...]) -> None:
-    ids = index.get(at)
-    if ids is not None:
-        ids.discard(cid)
-        if not ids:
-            del index[at]
 
 
 class WaitForGraph:
     """
-    @ivar cycles: the deadlocks present now, by canonical steps.
-    @ivar detected: how many cycles have formed since start.
+    @ivar cycles: the deadlocks present now, by their set of clients.
+    @ivar detected: how many cycles were reported since start.
+    @ivar maxSearch: edges one search may visit; a cycle beyond it is not
+        found (the search gives up rather than stall the server).
+    @ivar maxCycles: how many cycles are kept; beyond it new ones are only
+        counted in C{unlisted}.
+    @ivar maxPending: how many checks may wait; beyond it the oldest are
+        dropped and counted in C{skipped}.
     """
 
-    def __init__(self, maxSearch: int = 10000) -> None:
+    def __init__(self, maxSearch: int = 2000, maxCycles: int = 10000,
+                 maxPending: int = 100000) -> None:
         self.maxSearch = maxSearch
-        self._holder: Dict[bytes, str] = {}
-        self._waits: Dict[str, Dict[bytes, int]] = {}
+        self.maxCycles = maxCycles
+        self.maxPending = maxPending
+        self._holder: Dict[bytes, Client] = {}
+        self._waits: Dict[Client, Dict[bytes, int]] = {}
         self._waitedFor: Dict[bytes, int] = {}  # waits per key, all clients
-        self.cycles: Dict[Tuple[Step, ...], Cycle] = {}
-        self._byStep: Dict[Step, Set[Tuple[Step, ...]]] = {}
-        self._byKey: Dict[bytes, Set[Tuple[Step, ...]]] = {}
+        self.cycles: Dict[CycleId, Cycle] = {}
+        self._byStep: Dict[Step, Set[CycleId]] = {}
+        self._byKey: Dict[bytes, Set[CycleId]] = {}
+        self._pairs: Dict[Tuple[Client, Client], int] = {}  # consecutive in a cycle
+        self._pending: Deque[Tuple[Any, ...]] = deque()
+        self._suspects: Set[CycleId] = set()
         self.detected = 0
+        self.unlisted = 0
+        self.skipped = 0
 
-    # -- changes -------------------------------------------------------------
+    # -- changes (O(1), never search) ------------------------------------------
 
-    def hold(self, key: bytes, who: Optional[str], now: float) -> List[Cycle]:
+    def hold(self, key: bytes, who: Optional[Client]) -> None:
         """
         C{key} is now held by C{who} (None: by a client unknown here, e.g.
         a grant learned by replication).
-
-        @return: the cycles this grant closes.
         """
-        if self._holder.get(key) == who:
-            return []
+        if who is not None and self._holder.get(key) is who:
+            return
         self.unhold(key)
         if who is None:
-            return []
+            return
         self._holder[key] = who
-        if not self._waitedFor.get(key) or who not in self._waits:
-            return []  # nobody waits for key, or who waits for nothing: no cycle
-        path = self._search(who, lambda w: key in self._waits.get(w, ()))
-        if path is None:
-            return []
-        return self._found([(w, k) for w, k, _ in path] + [(path[-1][2], key)], now)
+        if self._waitedFor.get(key) and who in self._waits:
+            self._note((_HOLD, key, who))
 
     def unhold(self, key: bytes) -> None:
         """
         C{key} is free (or changes hands).
         """
         if self._holder.pop(key, None) is not None:
-            for cid in list(self._byKey.get(key, ())):
-                self._forget(cid)
+            for cid in self._byKey.get(key, ()):
+                self._suspect(cid)
 
-    def wait(self, key: bytes, who: str, now: float) -> List[Cycle]:
+    def wait(self, key: bytes, who: Client) -> None:
         """
         C{who} queued for C{key}.
-
-        @return: the cycles this wait closes.
         """
         keys = self._waits.setdefault(who, {})
-        keys[key] = keys.get(key, 0) + 1
+        count = keys[key] = keys.get(key, 0) + 1
         self._waitedFor[key] = self._waitedFor.get(key, 0) + 1
         holder = self._holder.get(key)
-        if keys[key] > 1 or holder is None or holder == who:
-            return []
-        path = self._search(holder, lambda w: w == who)
-        if path is None:
-            return []
-        return self._found([(who, key)] + [(w, k) for w, k, _ in path], now)
+        if count == 1 and holder is not None and holder is not who \
+                and (who, holder) not in self._pairs:
+            self._note((_WAIT, who, key))
 
-    def unwait(self, key: bytes, who: str) -> None:
+    def unwait(self, key: bytes, who: Client) -> None:
         """
         One of C{who}'s waits for C{key} ended (granted, timed out, withdrawn).
         """
@@ -160,8 +181,8 @@ class WaitForGraph:
         del keys[key]
         if not keys:
             del self._waits[who]
-        for cid in list(self._byStep.get((who, key), ())):
-            self._forget(cid)
+        for cid in self._byStep.get((who, key), ()):
+            self._suspect(cid)
 
     def clear(self) -> None:
         """
@@ -173,21 +194,107 @@ class WaitForGraph:
         self.cycles.clear()
         self._byStep.clear()
         self._byKey.clear()
+        self._pairs.clear()
+        self._pending.clear()
+        self._suspects.clear()
 
-    # -- search --------------------------------------------------------------
+    def _note(self, item: Tuple[Any, ...]) -> None:
+        if len(self._pending) >= self.maxPending:
+            self._pending.popleft()
+            self.skipped += 1
+        self._pending.append(item)
 
-    def _search(self, start: str,
-                isEnd: Callable[[str], bool]) -> Optional[List[Tuple[str, bytes, str]]]:
+    def _suspect(self, cid: CycleId) -> None:
+        if cid not in self._suspects:
+            self._suspects.add(cid)
+            self._note((_RECHECK, cid))
+
+    # -- checking (bounded work per call) --------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """
+        How many checks are waiting for L{check}.
+        """
+        return len(self._pending)
+
+    def check(self, now: float, budget: int = 10000) -> List[Cycle]:
+        """
+        Work through the noted changes, visiting about C{budget} edges (at
+        most C{budget + maxSearch}); call again while L{pending}.
+
+        @return: the cycles found that were not reported before.
+        """
+        found: List[Cycle] = []
+        pending = self._pending
+        while pending and budget > 0:
+            item = pending.popleft()
+            if item[0] == _WAIT:
+                budget -= self._checkWait(item[1], item[2], now, found)
+            elif item[0] == _HOLD:
+                budget -= self._checkHold(item[1], item[2], now, found)
+            else:
+                budget -= self._recheck(item[1], now, found)
+        return found
+
+    def _checkWait(self, who: Client, key: bytes, now: float, found: List[Cycle]) -> int:
+        holder = self._holder.get(key)
+        if (holder is None or holder is who or not self._waits.get(who, {}).get(key)
+                or (who, holder) in self._pairs):
+            return 1  # gone since, or already part of a reported cycle
+        path, cost = self._search(holder, lambda w: w is who)
+        if path is not None:
+            self._found([(who, key)] + [(w, k) for w, k, _ in path], now, found)
+        return cost
+
+    def _checkHold(self, key: bytes, who: Client, now: float, found: List[Cycle]) -> int:
+        if self._holder.get(key) is not who or not self._waitedFor.get(key) \
+                or who not in self._waits:
+            return 1
+        path, cost = self._search(
+            who, lambda w: w is not who and key in self._waits.get(w, ()))
+        if path is not None:
+            self._found([(w, k) for w, k, _ in path] + [(path[-1][2], key)], now, found)
+        return cost
+
+    def _recheck(self, cid: CycleId, now: float, found: List[Cycle]) -> int:
+        """
+        A reported cycle lost an edge: keep it (with its new keys) while
+        its clients still form a cycle, else forget it.
+        """
+        self._suspects.discard(cid)
+        cycle = self.cycles.get(cid)
+        if cycle is None:
+            return 1
+        steps = cycle.steps
+        if all(self._waits.get(who, {}).get(key)
+               and self._holder.get(key) is steps[(i + 1) % len(steps)][0]
+               for i, (who, key) in enumerate(steps)):
+            return len(steps)  # still intact (the key changed hands and back)
+        start = steps[0][0]
+        path, cost = self._search(start, lambda w: w is start, allowed=cid)
+        if path is not None and {w for w, _, _ in path} == cid:
+            self._forget(cid)
+            self._add(cid, Cycle(_rotated([(w, k) for w, k, _ in path]), cycle.since))
+            return cost
+        self._forget(cid)
+        if path is not None:  # a smaller cycle among the same clients
+            self._found([(w, k) for w, k, _ in path], now, found)
+        return cost
+
+    def _search(self, start: Client, isEnd: Callable[[Client], bool],
+                allowed: Optional[CycleId] = None
+                ) -> Tuple[Optional[List[Tuple[Client, bytes, Client]]], int]:
         """
         Depth-first from client C{start} along waits-for -> held-by edges
-        to another client C{w} with C{isEnd(w)}, visiting at most
-        C{maxSearch} edges (a search never stalls the server).
+        to a client C{w} with C{isEnd(w)}, visiting at most C{maxSearch}
+        edges (and only clients in C{allowed}, when given).
 
         @return: the edges followed, as (client, key it waits for, holder
-            of that key), or None.
+            of that key), or None; and the number of edges visited.
         """
-        visited: Set[str] = {start}
-        path: List[Tuple[str, bytes, str]] = []
+        visited: Set[Client] = {start}
+        path: List[Tuple[Client, bytes, Client]] = []
         stack: List[Iterator[bytes]] = [iter(list(self._waits.get(start, ())))]
         current = [start]
         budget = self.maxSearch
@@ -195,13 +302,16 @@ class WaitForGraph:
             for key in stack[-1]:
                 budget -= 1
                 if budget <= 0:
-                    return None
+                    return None, self.maxSearch
                 nxt = self._holder.get(key)
-                if nxt is None or nxt in visited:
+                if nxt is None or (allowed is not None and nxt not in allowed):
+                    continue
+                if isEnd(nxt):
+                    path.append((current[-1], key, nxt))
+                    return path, self.maxSearch - budget
+                if nxt in visited:
                     continue
                 path.append((current[-1], key, nxt))
-                if isEnd(nxt):
-                    return path
                 visited.add(nxt)
                 current.append(nxt)
                 stack.append(iter(list(self._waits.get(nxt, ()))))
@@ -211,28 +321,52 @@ class WaitForGraph:
                 current.pop()
                 if path:
                     path.pop()
-        return None
+        return None, self.maxSearch - budget
 
-    def _found(self, steps: List[Step], now: float) -> List[Cycle]:
-        cid = _canonical(steps)
+    def _found(self, steps: List[Step], now: float, found: List[Cycle]) -> None:
+        cid: CycleId = frozenset(who for who, _ in steps)
         if cid in self.cycles:
-            return []
-        cycle = self.cycles[cid] = Cycle(cid, now)
+            return  # these clients are already reported as deadlocked
+        if len(self.cycles) >= self.maxCycles:
+            self.unlisted += 1
+            return
+        cycle = Cycle(_rotated(steps), now)
+        self._add(cid, cycle)
         self.detected += 1
-        for step in cid:
+        found.append(cycle)
+
+    def _add(self, cid: CycleId, cycle: Cycle) -> None:
+        self.cycles[cid] = cycle
+        steps = cycle.steps
+        for i, step in enumerate(steps):
             self._byStep.setdefault(step, set()).add(cid)
             self._byKey.setdefault(step[1], set()).add(cid)
-        return [cycle]
+            pair = (step[0], steps[(i + 1) % len(steps)][0])
+            self._pairs[pair] = self._pairs.get(pair, 0) + 1
 
-    def _forget(self, cid: Tuple[Step, ...]) -> None:
+    def _forget(self, cid: CycleId) -> None:
         cycle = self.cycles.pop(cid, None)
         if cycle is None:
             return
-        for step in cid:
+        steps = cycle.steps
+        for i, step in enumerate(steps):
             _discard(self._byStep, step, cid)
             _discard(self._byKey, step[1], cid)
+            pair = (step[0], steps[(i + 1) % len(steps)][0])
+            if self._pairs[pair] == 1:
+                del self._pairs[pair]
+            else:
+                self._pairs[pair] -= 1
 
-    # -- reading -------------------------------------------------------------
+    # -- reading ---------------------------------------------------------------
 
-    def holderOf(self, key: bytes) -> Optional[str]:
+    def holderOf(self, key: bytes) -> Optional[Client]:
         return self._holder.get(key)
+
+
+def _discard(index: Dict[Any, Set[CycleId]], at: Any, cid: CycleId) -> None:
+    ids = index.get(at)
+    if ids is not None:
+        ids.discard(cid)
+        if not ids:
+            del index[at]

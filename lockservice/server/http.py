@@ -86,7 +86,9 @@ def status(locks: LockService, cluster: Optional[ClusterView],
     if monitor is not None:
         data["warn_hold_seconds"] = monitor.warnHold
         data["long_holds"] = monitor.currentLongHolds()
+        # Bounded: the first cycles, and how many there are in all.
         data["deadlocks"] = monitor.deadlocks()
+        data["deadlocks_count"] = len(monitor.graph.cycles)
     return data
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import islice
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Protocol, Tuple
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -26,7 +27,7 @@ from lockservice.core.election import ACTIVE
 from lockservice.core.events import EventRing
 from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats
-from lockservice.core.waitfor import Cycle, WaitForGraph
+from lockservice.core.waitfor import WaitForGraph
 
 # Why a queued acquire stopped waiting without a grant.
 TIMEOUT = ev.TIMEOUT
@@ -34,14 +35,26 @@ WITHDRAWAL = ev.WITHDRAWAL
 REDIRECT = "redirect"
 
 
+class Named(Protocol):
+    """
+    A client connection: the wait-for graph's vertex (by identity), shown
+    by its current C{name}.
+    """
+
+    name: str
+
+
 class Waiter(Protocol):
     """
     A queued acquire as the monitor sees it (the table's waiters).
+
+    @ivar conn: the connection that waits.
     """
 
     key: bytes
     lease: float
     queuedAt: float
+    conn: Named
 
     def holderName(self) -> Optional[str]:
         """
@@ -72,7 +85,8 @@ class ActivityObserver(Protocol):
     def waitEnded(self, now: float, waiter: Waiter, reason: str) -> None: ...
 
     def granted(self, now: float, key: bytes, token: int, owner: Optional[str],
-                waiter: Optional[Waiter], waited: float) -> None: ...
+                waiter: Optional[Waiter], waited: float,
+                conn: Optional[Named] = None) -> None: ...
 
     def dropped(self, now: float, key: bytes, token: int, owner: Optional[str],
                 heldFor: float, expired: bool) -> None: ...
@@ -90,6 +104,16 @@ class Releaser(Protocol):
     """
 
     def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None: ...
+
+
+# Edges of the wait-for graph visited per reactor turn (about 2 ms).
+CHECK_BUDGET = 5000
+# Cycles listed on /status and the dashboard (the rest are counted).
+DEADLOCKS_LISTED = 20
+
+
+def _name(conn: Any) -> str:
+    return str(getattr(conn, "name", conn))
 
 
 class _Held:
@@ -122,6 +146,7 @@ class Monitor:
         self.keys = KeyStats(trackedKeys)
         self.series = Series(seriesSpan)
         self.graph = WaitForGraph()
+        self._checking: Optional[IDelayedCall] = None
         self.longHolds = 0
         self.forceReleases = 0
         self._held: Dict[bytes, _Held] = {}
@@ -140,22 +165,26 @@ class Monitor:
     def queued(self, now: float, waiter: Waiter) -> None:
         self.keys.queued(waiter.key)
         self.series.queued(now)
-        who = waiter.holderName()
-        if who is not None:
-            self._cycles(self.graph.wait(waiter.key, who, now))
+        self.graph.wait(waiter.key, waiter.conn)
+        self._checkSoon()
 
     def waitEnded(self, now: float, waiter: Waiter, reason: str) -> None:
         waited = now - waiter.queuedAt
         who = waiter.holderName()
-        if who is not None:
-            self.graph.unwait(waiter.key, who)
+        self.graph.unwait(waiter.key, waiter.conn)
+        self._checkSoon()
         if reason == TIMEOUT:
             self.keys.timedOut(waiter.key, waited)
         if reason in (TIMEOUT, WITHDRAWAL):
             self._event(reason, waiter.key, None, who, "after %.3f s", waited)
 
     def granted(self, now: float, key: bytes, token: int, owner: Optional[str],
-                waiter: Optional[Waiter], waited: float) -> None:
+                waiter: Optional[Waiter], waited: float,
+                conn: Optional[Named] = None) -> None:
+        """
+        C{key} was granted with C{token} to connection C{conn} (named
+        C{owner} then), at once (C{waiter} None) or to a queued C{waiter}.
+        """
         self.keys.granted(key, waited)
         self.series.granted(now)
         if self.warnHold is not None:
@@ -163,10 +192,11 @@ class Monitor:
             # --warn-hold the table's holders are all there is per key.
             self._held[key] = _Held(token, owner, now)
         if waiter is not None:
-            who = waiter.holderName()
-            if who is not None:
-                self.graph.unwait(key, who)
-        self._cycles(self.graph.hold(key, owner, now))
+            self.graph.unwait(key, waiter.conn)
+            if conn is None:
+                conn = waiter.conn
+        self.graph.hold(key, conn)
+        self._checkSoon()
         if waiter is not None:
             self._event(ev.GRANT, key, token, owner, "after waiting %.3f s", waited)
         else:
@@ -184,6 +214,7 @@ class Monitor:
             if owner is None:
                 owner = held.owner
         self.graph.unhold(key)
+        self._checkSoon()
         forcing = self._forcing
         if forcing is not None and forcing[:2] == (key, token):
             self._event(ev.FORCE_RELEASE, key, token, owner, forcing[2])
@@ -212,15 +243,17 @@ class Monitor:
         if self._alarm is not None and self._alarm.active():
             self._alarm.cancel()
         self._alarm = None
+        if self._checking is not None and self._checking.active():
+            self._checking.cancel()
+        self._checking = None
         if role != ACTIVE:
             return
+        # Holders from before are unknown to the wait-for graph (it knows
+        # connections, and these grants came by replication).
         if self.warnHold is None:
-            for key, holder in holders:
-                self.graph.hold(key, holder.owner, now)
             return
         for key, holder in sorted(holders, key=lambda item: item[1].grantedAt):
             self._held[key] = _Held(holder.token, holder.owner, holder.grantedAt)
-            self.graph.hold(key, holder.owner, now)
             self._watch(holder.grantedAt + self.warnHold, key, holder.token)
 
     # -- the cluster's event sink ----------------------------------------------
@@ -235,21 +268,31 @@ class Monitor:
 
     # -- deadlocks -------------------------------------------------------------
 
-    def _cycles(self, found: List[Cycle]) -> None:
-        for cycle in found:
-            description = cycle.describe()
+    # Changes only note what to check; the search runs on a later reactor
+    # turn, a budget of edges at a time, so a burst of thousands of waits
+    # never holds up other clients (SPEC section 7).
+
+    def _checkSoon(self) -> None:
+        if self._checking is None and self.graph.pending:
+            self._checking = self.clock.callLater(0, self._checkCycles)
+
+    def _checkCycles(self) -> None:
+        self._checking = None
+        for cycle in self.graph.check(self.clock.seconds(), CHECK_BUDGET):
             # Not an event of the ring (its types are a fixed contract):
             # /status, the metrics and the log report deadlocks.
-            self.log.warn("Deadlock: {cycle}", cycle=description)
+            self.log.warn("Deadlock: {cycle}", cycle=cycle.describe(_name))
+        self._checkSoon()
 
-    def deadlocks(self) -> List[Dict[str, Any]]:
+    def deadlocks(self, limit: int = DEADLOCKS_LISTED) -> List[Dict[str, Any]]:
         """
-        The cycles present now; C{since} as Unix time.
+        The first C{limit} cycles present now (oldest first); C{since} as
+        Unix time.
         """
         now, wall = self.clock.seconds(), self.wallTime()
         out = []
-        for cycle in self.graph.cycles.values():
-            entry = cycle.asDict()
+        for cycle in islice(self.graph.cycles.values(), limit):
+            entry = cycle.asDict(_name)
             entry["since"] = round(wall - (now - cycle.since), 3)
             out.append(entry)
         return out
@@ -305,6 +348,9 @@ class Monitor:
         if self._alarm is not None and self._alarm.active():
             self._alarm.cancel()
         self._alarm = None
+        if self._checking is not None and self._checking.active():
+            self._checking.cancel()
+        self._checking = None
         self._due.clear()
 
     # -- force-release ---------------------------------------------------------

@@ -382,7 +382,7 @@ class LockService(Service):
             self.stats.errors += 1
             return wire.BadRequest(b"A", waiter.key, str(e)).answer()
         if grant is not None:
-            self._granted(grant, now, 0.0)
+            self._granted(grant, now, 0.0, waiter.conn)
             return wire.granted(grant.key, grant.token)
         if wait > 0:
             waiter.deadline = deadline = now + wait
@@ -662,7 +662,7 @@ class LockService(Service):
 
     # -- grants ----------------------------------------------------------
 
-    def _granted(self, grant: Grant, now: float, waited: float) -> None:
+    def _granted(self, grant: Grant, now: float, waited: float, conn: AnswerSink) -> None:
         self.stats.grants += 1
         self._armLease(grant.key, grant.token, grant.expiresAt)
         for observer in self.observers:
@@ -672,7 +672,7 @@ class LockService(Service):
             owner = holder.owner if holder is not None else None
             for watcher in self.activity:
                 self._notify(watcher.granted, now, grant.key, grant.token, owner, grant.waiter,
-                             waited)
+                             waited, conn)
 
     def _afterHandOver(self, grant: Optional[Grant], orphans: List[Waiter], now: float) -> None:
         """
@@ -683,7 +683,7 @@ class LockService(Service):
             waiter = grant.waiter
             assert isinstance(waiter, PendingAcquire)
             self._forgetWait(waiter)
-            self._granted(grant, now, now - waiter.queuedAt)
+            self._granted(grant, now, now - waiter.queuedAt, waiter.conn)
             waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))
         for orphan in cast(List[PendingAcquire], orphans):
             self._forgetWait(orphan)
