@@ -10,6 +10,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from typing import List
 
 import pytest
@@ -26,6 +27,23 @@ def readAll(sock: socket.socket, timeout: float = 10.0) -> bytes:
     sock.settimeout(timeout)
     received = b""
     while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not data:
+            break
+        received += data
+    return received
+
+
+def readLines(sock: socket.socket, count: int, timeout: float = 10.0) -> bytes:
+    """
+    Up to C{count} lines, fewer when the node closes the connection first.
+    """
+    sock.settimeout(timeout)
+    received = b""
+    while received.count(b"\n") < count:
         try:
             data = sock.recv(65536)
         except ConnectionResetError:
@@ -121,6 +139,73 @@ def test_guessing_tokens_gets_the_connection_closed(spawn) -> None:  # type: ign
             answers = readAll(guesser).splitlines()
         assert answers == [b"R payroll STALE"] * 101
         assert holder.ask(b"R payroll %d" % token) == b"R payroll OK"
+
+
+def test_reconnecting_does_not_escape_the_guessing_limit(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    One host guessing tokens over a new connection per 100 guesses gets
+    about 100 STALE answers, not hundreds of thousands a second; the live
+    token, guessed last, is refused; other hosts (127.0.0.1 here) are not
+    concerned.
+    """
+    node = spawn()
+    with LineClient(node.port) as holder:
+        live = int(holder.ask(b"A payroll 30 0").split()[2])
+        stale = connections = 0
+        guesses = b"".join(b"R payroll %d\n" % (live - 1000 + i) for i in range(100))
+        started = time.monotonic()
+        while time.monotonic() - started < 2.0:
+            with socket.create_connection(("127.0.0.1", node.port), timeout=10,
+                                          source_address=("127.0.0.2", 0)) as guesser:
+                guesser.sendall(guesses)
+                stale += readLines(guesser, 100).count(b"R payroll STALE\n")
+            connections += 1
+        print(f"{connections} connections in 2 s got {stale} STALE answers")
+        assert connections > 10
+        assert stale <= 300, f"{stale} guesses answered from one address in 2 s"
+        with socket.create_connection(("127.0.0.1", node.port), timeout=10,
+                                      source_address=("127.0.0.2", 0)) as guesser:
+            guesser.sendall(b"R payroll %d\n" % live)
+            assert readAll(guesser) == (
+                b"E R payroll too many STALE answers from this address\n")
+        assert holder.ask(b"R payroll %d" % live) == b"R payroll OK"
+
+
+def test_held_back_answers_cost_bounded_memory(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    2,000,000 pipelined acquires on a key whose queue is full: every
+    refusal is held back behind the first (queued) acquire, and the node
+    stops reading instead of growing.
+    """
+    node = spawn(args=["--max-waiters", "10"])
+    with LineClient(node.port) as holder, LineClient(node.port) as warm:
+        holder.ask(b"A pm 30 0")
+        warm.send(b"A pm 60 0\n" * 20000 + b"P warm\n")
+        warm.close()
+        before = node.rss()
+        flood = socket.create_connection(("127.0.0.1", node.port))
+        flood.setblocking(False)
+        line = b"A pm 60 0\n"
+        chunk = line * 16384
+        sent = 0
+        limit = 2_000_000 * len(line)
+        try:
+            while sent < limit:
+                _, writable, _ = select.select([], [flood], [], 2.0)
+                if not writable:
+                    break  # the node stopped reading for 2 s: backpressure
+                try:
+                    sent += flood.send(chunk)
+                except BlockingIOError:
+                    pass
+            grown = node.rss() - before
+            with LineClient(node.port) as other:
+                assert other.ask(b"P other", timeout=10) == b"P other"
+        finally:
+            flood.close()
+    print(f"sent {sent // len(line)} acquires, grown {grown / MiB:.1f} MiB")
+    assert sent < limit, "the node read every acquire of a non-reading client"
+    assert grown < 32 * MiB, f"the node grew by {grown / MiB:.1f} MiB"
 
 
 @pytest.mark.parametrize("args, message", [

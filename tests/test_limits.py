@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from lockservice.server.protocol import PEER_GRACE, PEER_RESERVE, STALE_LIMIT
+from twisted.internet.address import IPv4Address
+
+from lockservice.server import protocol
+from lockservice.server.protocol import (
+    ADDRESS_PENALTY,
+    MAX_HELD_BACK_BYTES,
+    PEER_GRACE,
+    PEER_RESERVE,
+    STALE_LIMIT,
+)
+from lockservice.server.service import CHUNK_BUDGET
 from tests.test_protocol import Node, token
 
 TOO_MANY = b"E * * too many connections\n"
@@ -181,3 +191,139 @@ def test_end_of_input_closes_even_while_paused() -> None:
     c.proto.pauseProducing()
     c.proto.readConnectionLost()
     assert c.transport.disconnecting and c.transport.producer is None
+
+
+def test_a_new_connection_per_100_guesses_does_not_escape_the_address_budget() -> None:
+    node = Node()
+    holder = node.connect()
+    live = holder.ask(b"A payroll 30 0").split()[2]
+    # 100 guesses on a first connection: within both budgets.
+    first = node.connect()
+    first.send(b"".join(b"R payroll %d\n" % i for i in range(1, STALE_LIMIT + 1)))
+    assert not first.transport.disconnecting
+    # A fresh connection from the same address, in the same second: its
+    # first STALE answer is over the address's budget, and it is closed.
+    second = node.connect()
+    second.send(b"R payroll 1\nR payroll 2\n")
+    assert second.take() == b"R payroll STALE\n"
+    assert second.transport.disconnecting
+    # Now even the right token is refused (not executed) from that address
+    # for the penalty, on any connection; other requests still work.
+    third = node.connect()
+    assert third.ask(b"P still") == b"P still\n"
+    assert third.ask(b"R payroll " + live) == (
+        b"E R payroll too many STALE answers from this address\n")
+    assert third.transport.disconnecting
+    assert node.service.table.holder(b"payroll") is not None
+    # Another address is not concerned.
+    other = node.connect(IPv4Address("TCP", "10.0.0.2", 4000))
+    assert other.ask(b"R payroll 5") == b"R payroll STALE\n"
+    assert node.service.stats.staleFloods == 2
+    # After the penalty, the address may release again.
+    node.clock.advance(ADDRESS_PENALTY)
+    assert node.connect().ask(b"R payroll " + live) == b"R payroll OK\n"
+
+
+def test_the_address_budget_refills_at_100_a_second() -> None:
+    node = Node()
+    for _ in range(5):
+        c = node.connect()
+        for i in range(STALE_LIMIT):
+            assert c.ask(b"R k %d" % i) == b"R k STALE\n"
+            node.clock.advance(0.0101)
+        c.close()
+    assert node.service.stats.staleFloods == 0
+
+
+def test_held_back_answers_stop_the_reading() -> None:
+    node = Node(maxWaiters=1)
+    holder, c = node.connect(), node.connect()
+    live = holder.ask(b"A pm 30 0").split()[2]
+    # The first queues; every later one is refused, but its answer waits
+    # behind the first (send order for equal (op, key)).
+    c.send(b"A pm 60 0\n")
+    answer = len(b"E A pm too many waiters\n")
+    chunk = b"A pm 60 0\n" * 1000
+    sent = 0
+    while c.transport.producerState == "producing":
+        c.send(chunk)
+        sent += 1000
+        assert sent * answer < 2 * MAX_HELD_BACK_BYTES, "never paused"
+    assert c.take() == b""
+    assert sent * answer > MAX_HELD_BACK_BYTES
+    # The grant releases them all, and reading resumes.
+    holder.ask(b"R pm " + live)
+    out = c.take().splitlines()
+    assert out[0].startswith(b"A pm ") and out[1:] == [b"E A pm too many waiters"] * sent
+    assert c.transport.producerState == "producing"
+
+
+def test_the_transport_and_held_back_answers_pause_together() -> None:
+    node = Node(maxWaiters=1)
+    holder, c = node.connect(), node.connect()
+    live = holder.ask(b"A pm 30 0").split()[2]
+    c.send(b"A pm 60 0\n" + b"A pm 60 0\n" * (MAX_HELD_BACK_BYTES // 20))
+    assert c.transport.producerState == "paused"
+    # The transport's buffer fills and drains meanwhile: we stay paused.
+    c.proto.pauseProducing()
+    c.proto.resumeProducing()
+    assert c.transport.producerState == "paused"
+    holder.ask(b"R pm " + live)
+    assert c.transport.producerState == "producing"
+
+
+def test_a_closed_connection_is_withdrawn_in_chunks_and_passed_by() -> None:
+    node = Node(maxWaiters=10 * CHUNK_BUDGET)
+    holder, leaving, staying = node.connect(), node.connect(), node.connect()
+    live = holder.ask(b"A k 30 0").split()[2]
+    count = 5 * CHUNK_BUDGET
+    leaving.send(b"A k 30 0\n" * count)
+    staying.send(b"A k 30 0\n")
+    leaving.close()
+    table = node.service.table
+    # One chunk at once, the rest over the next reactor turns...
+    assert table.waiterCount == count + 1 - CHUNK_BUDGET
+    # ...but a hand-over meanwhile passes the dead waiters by, at once.
+    assert holder.ask(b"R k " + live) == b"R k OK\n"
+    assert staying.take().startswith(b"A k ")
+    assert leaving.take() == b""
+    assert table.waiterCount == 0
+    for _ in range(count // CHUNK_BUDGET):
+        node.clock.advance(0)
+    assert not node.service._chores  # every dead waiter withdrawn
+    assert node.service.stats.grants == 2
+
+
+def test_dead_runs_between_live_waiters_are_never_granted() -> None:
+    node = Node(maxWaiters=10 * CHUNK_BUDGET)
+    holder, a, b, c = node.connect(), node.connect(), node.connect(), node.connect()
+    current = holder.ask(b"A k 30 0").split()[2]
+    # Queue: a x3000, b, a x3000, c  (a's waiters form two runs).
+    a.send(b"A k 30 0\n" * 3000)
+    b.send(b"A k 30 0\n")
+    a.send(b"A k 30 0\n" * 3000)
+    c.send(b"A k 30 0\n")
+    a.close()
+    assert holder.ask(b"R k " + current) == b"R k OK\n"
+    granted = b.take().split()
+    assert granted[:2] == [b"A", b"k"]
+    assert b.ask(b"R k " + granted[2]) == b"R k OK\n"
+    assert c.take().startswith(b"A k ")
+    assert node.service.table.waiterCount == 0
+    while node.service._chores:
+        node.clock.advance(0)
+    assert node.service.stats.grants == 3
+
+
+def test_too_many_queued_acquires_stop_the_reading(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(protocol, "MAX_QUEUED_ACQUIRES", 50)
+    node = Node()
+    holders, c = node.connect(), node.connect()
+    tokens = [holders.ask(b"A k%d 30 0" % i).split()[2] for i in range(60)]
+    c.send(b"".join(b"A k%d 30 0\n" % i for i in range(50)))
+    assert c.transport.producerState == "producing"
+    c.send(b"A k50 30 0\n")
+    assert c.transport.producerState == "paused"
+    assert holders.ask(b"R k0 " + tokens[0]) == b"R k0 OK\n"
+    assert c.take().startswith(b"A k0 ")
+    assert c.transport.producerState == "producing"

@@ -36,14 +36,14 @@ class Node:
         self.service = LockService(self.clock, self.wall, maxLease, maxWait, **limits)
         self.factory = LockFactory(self.service, peerAcceptor, maxConnections=maxConnections)
 
-    def connect(self) -> "Conn":
-        return Conn(self)
+    def connect(self, peerAddress: Any = None) -> "Conn":
+        return Conn(self, peerAddress)
 
 
 class Conn:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, peerAddress: Any = None) -> None:
         self.proto: LockProtocol = node.factory.buildProtocol(None)  # type: ignore[assignment]
-        self.transport = StringTransport()
+        self.transport = StringTransport(peerAddress=peerAddress)
         self.proto.makeConnection(self.transport)
 
     def send(self, data: bytes) -> None:

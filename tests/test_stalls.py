@@ -120,3 +120,31 @@ def test_mass_wait_timeout_does_not_stall(spawn) -> None:  # type: ignore[no-unt
         first.close()
         print(f"slowest ping {slowest * 1000:.1f} ms")
         assert slowest < STALL_BOUND, f"a ping took {slowest * 1000:.0f} ms"
+
+
+def test_closing_a_connection_with_100000_waiters_does_not_stall(spawn) -> None:  # type: ignore[no-untyped-def]
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1",
+                       "--max-waiters", "200000"])
+    with LineClient(node.port) as holder:
+        live = holder.ask(b"A k 30 0").split()[2]
+        leaving = queue(node.port, 100_000, b"A k 30 0\n")
+        staying = queue(node.port, 1, b"A k 30 0\n")
+        granted: List[float] = []
+
+        def close() -> None:
+            leaving.close()
+            # Released at once: the key passes the dead waiters by.
+            started = time.perf_counter()
+            assert holder.ask(b"R k " + live, timeout=30) == b"R k OK"
+            assert staying.readline(timeout=30).startswith(b"A k ")
+            granted.append(time.perf_counter() - started)
+            waitFor(lambda: statusOf(httpPort)["waiters"] == 0, timeout=30,
+                    what="100,000 waiters withdrawn")
+
+        slowest = Pinger(node.port).during(close)
+        staying.close()
+        print(f"slowest ping {slowest * 1000:.1f} ms, next waiter granted in "
+              f"{granted[0] * 1000:.1f} ms")
+        assert slowest < STALL_BOUND, f"a ping took {slowest * 1000:.0f} ms"
+        assert granted[0] < 1.0, f"the next live waiter waited {granted[0]:.1f} s"

@@ -130,6 +130,22 @@ class WaitQueue:
         waiter.prev = waiter.next = None
         self.length -= 1
 
+    def cut(self, first: Waiter, last: Waiter, count: int) -> None:
+        """
+        Unlink the C{count} consecutive waiters C{first} .. C{last} at once:
+        O(1).  Their own links are left as they are (nobody follows them).
+        """
+        before, after = first.prev, last.next
+        if before is None:
+            self.head = after
+        else:
+            before.next = after
+        if after is None:
+            self.tail = before
+        else:
+            after.prev = before
+        self.length -= count
+
     def popleft(self) -> Waiter:
         waiter = self.head
         assert waiter is not None
@@ -324,6 +340,21 @@ class LockTable:
             holder.queue = None
         self.waiterCount -= 1
         return True
+
+    def cut(self, key: bytes, first: Waiter, last: Waiter, count: int) -> None:
+        """
+        Take the C{count} consecutive waiters C{first} .. C{last} out of
+        C{key}'s queue at once, O(1) (a closed connection's pipelined
+        acquires).  They stay marked C{queued}: whoever cut them withdraws
+        them later, one by one, without the table.
+        """
+        holder = self._keys[key]
+        queue = holder.queue
+        assert queue is not None
+        queue.cut(first, last, count)
+        if not queue.length:
+            holder.queue = None
+        self.waiterCount -= count
 
     def _handOver(self, key: bytes, holder: Holder, now: float) -> Optional[Grant]:
         queue = holder.queue

@@ -5,9 +5,9 @@ The client line protocol: parse a line, ask the service, write the answer.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from math import inf
-from typing import Any, Callable, Deque, Dict, List, Optional, Protocol
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer
 from twisted.internet.protocol import Factory
@@ -56,6 +56,25 @@ PEER_GRACE = 2.0
 STALE_LIMIT = 100
 STALE_WINDOW = 1.0
 
+# The same rule per source address, across all its connections (a guesser
+# could otherwise open a new connection per 100 guesses): a token bucket of
+# ADDRESS_STALE_RATE STALE answers a second (ADDRESS_STALE_BURST at most at
+# once).  An address that runs it dry is penalized for ADDRESS_PENALTY
+# seconds: every R or N it sends meanwhile closes its connection unanswered
+# and unexecuted.  At most ADDRESS_TABLE_SIZE addresses are tracked (the
+# least recently seen is forgotten first), so memory stays bounded.
+ADDRESS_STALE_RATE = 100.0
+ADDRESS_STALE_BURST = 100.0
+ADDRESS_PENALTY = 10.0
+ADDRESS_TABLE_SIZE = 65_536
+
+# Backpressure also counts what the transport does not see: answers held
+# back for send order (behind an earlier acquire of the same key), and the
+# connection's acquires still queued.  Past either bound the connection is
+# not read until they drain.
+MAX_HELD_BACK_BYTES = 256 * 1024
+MAX_QUEUED_ACQUIRES = 100_000
+
 _ADMITTED, _PROBATION, _REFUSED = "admitted", "probation", "refused"
 
 
@@ -99,10 +118,25 @@ class LockProtocol(LineOnlyReceiver):
         self._probation: Optional[IDelayedCall] = None
         self._staleTimes: Optional[Deque[float]] = None
         self.name = "?"
+        # The peer's host (the key of the per-address STALE budget).
+        self.host = "?"
+        # Set once the client is gone (or sent its end of input): its queued
+        # acquires are withdrawn a chunk per reactor turn, and a hand-over
+        # skips them meanwhile (see LockService.withdrawLater).
+        self.gone = False
+        # Backpressure state: paused by the transport (its buffer is full),
+        # and paused by us (held-back answers or queued acquires).
+        self._writePaused = False
+        self._readPaused = False
+        self._heldBytes = 0
+        self._queued = 0
+        self._lost = False
 
     def connectionMade(self) -> None:
         service = self.service = self.factory.service
-        self.name = _addressName(self.transport.getPeer())  # type: ignore[union-attr]
+        address = self.transport.getPeer()  # type: ignore[union-attr]
+        self.name = _addressName(address)
+        self.host = str(getattr(address, "host", address))
         noDelay(self.transport)
         # A plain TCP transport lets us send straight to the socket; any
         # other transport (TLS, tests) goes through transport.write().
@@ -153,10 +187,29 @@ class LockProtocol(LineOnlyReceiver):
     # -- IPushProducer: the transport tells us when its buffer is full ---
 
     def pauseProducing(self) -> None:
-        self.transport.pauseProducing()  # type: ignore[union-attr]
+        self._writePaused = True
+        self._updateReading()
 
     def resumeProducing(self) -> None:
-        self.transport.resumeProducing()  # type: ignore[union-attr]
+        self._writePaused = False
+        self._updateReading()
+
+    def _overloaded(self) -> bool:
+        return self._heldBytes > MAX_HELD_BACK_BYTES or self._queued > MAX_QUEUED_ACQUIRES
+
+    def _updateReading(self) -> None:
+        """
+        Read while the transport's buffer has room and neither held-back
+        answers nor queued acquires pass their bound.
+        """
+        paused = self._writePaused or self._overloaded()
+        if paused == self._readPaused or self.gone:
+            return
+        self._readPaused = paused
+        if paused:
+            self.transport.pauseProducing()  # type: ignore[union-attr]
+        else:
+            self.transport.resumeProducing()  # type: ignore[union-attr]
 
     def stopProducing(self) -> None:
         pass  # the connection is going away; connectionLost cleans up
@@ -279,8 +332,12 @@ class LockProtocol(LineOnlyReceiver):
         if isinstance(request, wire.Acquire):
             self._acquire(request)
         elif isinstance(request, wire.Release):
+            if self._guessing(b"R", request.key):
+                return
             service.release(request.key, request.token, self._tokenAnswer)
         elif isinstance(request, wire.Renew):
+            if self._guessing(b"N", request.key):
+                return
             service.renew(request.key, request.token, request.lease, self._tokenAnswer)
         elif isinstance(request, wire.Ping):
             self.write(wire.pong(request.word))
@@ -306,6 +363,22 @@ class LockProtocol(LineOnlyReceiver):
             self.service.stats.staleFloods += 1
             self.factory.staleFlood(self)
             self._close()
+        elif not self.factory.spendStale(self.host, now):
+            self.service.stats.staleFloods += 1
+            self.factory.staleFlood(self, address=True)
+            self._close()
+
+    def _guessing(self, op: bytes, key: bytes) -> bool:
+        """
+        Refuse an R or N from an address serving a STALE-flood penalty: the
+        connection is told so and closed; the request is not executed.
+        """
+        if not self.factory.penalized(self.host, self.service.clock.seconds()):
+            return False
+        self.service.stats.staleFloods += 1
+        self.write(wire.BadRequest(op, key, "too many STALE answers from this address").answer())
+        self._close()
+        return True
 
     def _acquire(self, request: wire.Acquire) -> None:
         waiter = PendingAcquire(request.key, request.lease, self)
@@ -317,53 +390,84 @@ class LockProtocol(LineOnlyReceiver):
         if earlier is None:
             earlier = self._pending[request.key] = deque()
         earlier.append(waiter)
+        self._queued += 1
         if answer is not None:
             self.finish(waiter, answer)
+        elif self._queued > MAX_QUEUED_ACQUIRES:
+            self._updateReading()
 
     def finish(self, waiter: PendingAcquire, answer: bytes) -> None:
         """
-        Answer a queued acquire, keeping send order among equal keys.
+        Answer a queued acquire, keeping send order among equal keys.  An
+        answer held back behind an earlier acquire counts toward the
+        connection's backpressure bound until it is written.
         """
+        if self.gone:
+            return  # its acquires are being withdrawn; nobody reads
         waiter.answer = answer
+        self._heldBytes += len(answer)
         queue = self._pending[waiter.key]
         while queue and queue[0].answer is not None:
-            self.write(queue.popleft().answer)  # type: ignore[arg-type]
+            answer = queue.popleft().answer  # type: ignore[assignment]
+            self._queued -= 1
+            self._heldBytes -= len(answer)
+            self.write(answer)
         if not queue:
             del self._pending[waiter.key]
+        if self._readPaused != self._writePaused or self._overloaded():
+            self._updateReading()
 
-    def _withdrawAll(self) -> None:
+    def _withdrawing(self, pending: Dict[bytes, Deque[PendingAcquire]],
+                     writeDecided: bool) -> Iterator[None]:
         """
-        Withdraw every queued acquire of this connection (O(1) each) and
-        write the answers that were already decided, in order.
+        Withdraw every queued acquire of this gone connection, one per
+        step (the service runs a bounded chunk of steps per reactor turn,
+        so a connection with 100,000 waiters cannot stall the node); after
+        an end of input also write the answers already decided, in order,
+        and close at the end.
         """
-        pending, self._pending = self._pending, {}
         service = self.service
         for queue in pending.values():
             for waiter in queue:
                 if waiter.answer is None:
                     service.withdraw(waiter)
-                else:
+                elif writeDecided and not self._lost:
                     self.write(waiter.answer)
+                yield None
+        if writeDecided and not self._lost:
+            self._close()
+
+    def _leave(self, writeDecided: bool) -> None:
+        """
+        The client is gone: from now on a hand-over passes its waiters by,
+        and they are withdrawn over the next reactor turns.
+        """
+        self.gone = True
+        pending, self._pending = self._pending, {}
+        self._queued = self._heldBytes = 0
+        if pending:
+            self.service.runInChunks(self._withdrawing(pending, writeDecided))
+        elif writeDecided:
+            self._close()
 
     def readConnectionLost(self) -> None:
         if self.peer is None:
-            self._withdrawAll()
-        self._close()
+            self._leave(writeDecided=True)
+        else:
+            self._close()
 
     def writeConnectionLost(self) -> None:
         self._close()
 
     def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
         self._producing = False
+        self._lost = True
         self._leaveProbation()
         if self.peer is not None:
             self.peer.connectionLost(reason)
             self.peer = None
         self.service.connections.discard(self)
-        pending, self._pending = self._pending, {}
-        for queue in pending.values():
-            for waiter in queue:
-                self.service.withdraw(waiter)
+        self._leave(writeDecided=False)
 
 
 def _addressName(address: Any) -> str:
@@ -393,6 +497,39 @@ class LockFactory(Factory):
         self.maxConnections = maxConnections
         self.probation = 0
         self._staleLoggedAt = -inf
+        # Per source address: [tokens left, last refill, penalized until].
+        self._staleBudgets: "OrderedDict[str, List[float]]" = OrderedDict()
+
+    def spendStale(self, host: str, now: float) -> bool:
+        """
+        Take one STALE answer from C{host}'s budget.
+
+        @return: False when the budget ran dry: C{host} is penalized now.
+        """
+        budgets = self._staleBudgets
+        budget = budgets.get(host)
+        if budget is None:
+            budget = budgets[host] = [ADDRESS_STALE_BURST, now, -inf]
+            if len(budgets) > ADDRESS_TABLE_SIZE:
+                budgets.popitem(last=False)
+        else:
+            budgets.move_to_end(host)
+            budget[0] = min(ADDRESS_STALE_BURST,
+                            budget[0] + (now - budget[1]) * ADDRESS_STALE_RATE)
+            budget[1] = now
+        if budget[0] >= 1.0:
+            budget[0] -= 1.0
+            return True
+        budget[2] = now + ADDRESS_PENALTY
+        return False
+
+    def penalized(self, host: str, now: float) -> bool:
+        """
+        Whether C{host} ran its STALE budget dry within the last
+        C{ADDRESS_PENALTY} seconds.
+        """
+        budget = self._staleBudgets.get(host)
+        return budget is not None and now < budget[2]
 
     def admit(self) -> str:
         """
@@ -406,11 +543,20 @@ class LockFactory(Factory):
             return _PROBATION
         return _REFUSED
 
-    def staleFlood(self, conn: LockProtocol) -> None:
+    def staleFlood(self, conn: LockProtocol, address: bool = False) -> None:
         # At most one log line a minute: the closing itself is counted.
         now = self.service.clock.seconds()
         if now - self._staleLoggedAt >= 60:
             self._staleLoggedAt = now
+            if address:
+                self.log.warn("closed {peer}: its address {host} collected more than {rate:g} "
+                              "STALE answers a second over its connections (guessing tokens?); "
+                              "its R and N requests are refused for {penalty:g} s; further "
+                              "closes are counted in "
+                              "lockservice_rejected_total{{limit=\"stale_flood\"}}",
+                              peer=conn.name, host=conn.host, rate=ADDRESS_STALE_RATE,
+                              penalty=ADDRESS_PENALTY)
+                return
             self.log.warn("closed {peer}: more than {limit} STALE answers within {window:g} s "
                           "(guessing tokens?); further closes are counted in "
                           "lockservice_rejected_total{{limit=\"stale_flood\"}}",

@@ -10,9 +10,22 @@ decided by the cluster layer through L{LockService.setRole}.
 
 from __future__ import annotations
 
+from collections import deque
 from heapq import heapify, heappop, heappush
 from math import ceil, inf
-from typing import Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple, Union, cast
+from typing import (
+    Callable,
+    Deque,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Protocol,
+    Set,
+    Tuple,
+    Union,
+    cast,
+)
 
 from twisted.application.service import Service
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -42,6 +55,10 @@ DEFAULT_MAX_WAITERS = 10_000
 # requests are served in between instead of after the whole pile.
 TIMER_BUDGET = 1000
 
+# Steps of background work (withdrawing a closed connection's waiters) per
+# reactor turn.
+CHUNK_BUDGET = 1000
+
 
 def _leaseBucket(at: float) -> int:
     """
@@ -62,6 +79,9 @@ class AnswerSink(Protocol):
     """
 
     name: str
+    # True once the client is gone: its waiters are withdrawn lazily, and
+    # a hand-over passes them by meanwhile.
+    gone: bool
 
     def finish(self, waiter: "PendingAcquire", answer: bytes) -> None:
         """
@@ -74,6 +94,26 @@ class AnswerSink(Protocol):
         """
 
 
+class _Run:
+    """
+    Consecutive waiters of one connection in one key's queue (pipelined
+    acquires usually are): when that connection is gone and its run comes
+    up for a hand-over, the whole run is cut out of the queue in O(1).
+
+    @ivar last: its last waiter still linked in the queue.
+    @ivar count: how many of its waiters are still linked.
+    @ivar cut: True once the run was cut out: its waiters only wait for
+        their lazy withdrawal.
+    """
+
+    __slots__ = ("last", "count", "cut")
+
+    def __init__(self) -> None:
+        self.last: Optional[PendingAcquire] = None
+        self.count = 0
+        self.cut = False
+
+
 class PendingAcquire(Waiter):
     """
     A queued acquire: the table's waiter plus what is needed to answer it.
@@ -84,13 +124,14 @@ class PendingAcquire(Waiter):
         to keep send order among equal keys).
     """
 
-    __slots__ = ("conn", "deadline", "answer")
+    __slots__ = ("conn", "deadline", "answer", "run")
 
     def __init__(self, key: bytes, lease: float, conn: AnswerSink) -> None:
         super().__init__(key, lease)
         self.conn = conn
         self.deadline = 0.0
         self.answer: Optional[bytes] = None
+        self.run: Optional[_Run] = None
 
     def holderName(self) -> Optional[str]:
         return self.conn.name
@@ -262,6 +303,9 @@ class LockService(Service):
         self._waitSeq = 0
         self._staleWaits = 0
         self._waitAlarm = _Alarm(clock, self._waitsDue, self._nextWait)
+        # Background work run a chunk per reactor turn (see runInChunks).
+        self._chores: Deque[Iterator[object]] = deque()
+        self._choreCall: Optional[IDelayedCall] = None
 
     # -- role ------------------------------------------------------------
 
@@ -389,6 +433,15 @@ class LockService(Service):
             self._waitSeq += 1
             heappush(self._waits, (deadline, self._waitSeq, waiter))
             self._waitAlarm.arm(deadline)
+        before = waiter.prev
+        if (isinstance(before, PendingAcquire) and before.conn is waiter.conn
+                and before.run is not None and before.run.last is before):
+            run = before.run
+        else:
+            run = _Run()
+        run.last = waiter
+        run.count += 1
+        waiter.run = run
         for watcher in self.activity:
             self._notify(watcher.queued, now, waiter)
         return None
@@ -412,6 +465,7 @@ class LockService(Service):
         heldFor = now - holder.grantedAt
         owner = holder.owner
         orphans: List[Waiter] = []
+        self._passGone(key)
         try:
             _, grant = self.table.release(key, token, now)
         except HandOverFailed as e:
@@ -449,9 +503,88 @@ class LockService(Service):
         """
         Drop a waiter whose connection closed: O(1) (amortized).
         """
-        if self.table.withdraw(waiter):
+        if self._unqueue(waiter):
             self._forgetWait(waiter)
             self._waitEnded(waiter, WITHDRAWAL)
+
+    def _unqueue(self, waiter: PendingAcquire) -> bool:
+        """
+        Take C{waiter} out of its queue (or, when its run was cut out
+        already, only mark it so): O(1).
+
+        @return: True if it was still waiting.
+        """
+        if not waiter.queued:
+            return False
+        run = waiter.run
+        if run is not None and run.cut:
+            waiter.queued = False
+            return True
+        if run is not None:
+            self._leaveRun(waiter, run)
+        return self.table.withdraw(waiter)
+
+    @staticmethod
+    def _leaveRun(waiter: PendingAcquire, run: _Run) -> None:
+        # Call while waiter is still linked (its prev is still set).
+        run.count -= 1
+        if run.last is waiter:
+            before = waiter.prev
+            run.last = (before if isinstance(before, PendingAcquire) and before.run is run
+                        else None)
+
+    def _passGone(self, key: bytes) -> None:
+        """
+        Before a hand-over of C{key}: cut the runs of gone connections'
+        waiters out of the head of its queue (O(1) each), so that the key
+        goes to the first live waiter and never to a dead one.
+        """
+        holder = self.table.holder(key)
+        while holder is not None and holder.queue is not None:
+            head = holder.queue.head
+            if not isinstance(head, PendingAcquire) or not head.conn.gone or head.run is None:
+                return
+            run = head.run
+            if run.last is None:
+                return
+            self.table.cut(key, head, run.last, run.count)
+            run.cut = True
+            run.count = 0
+            run.last = None
+
+    def runInChunks(self, work: Iterator[object]) -> None:
+        """
+        Run C{work} one step per item, at most C{CHUNK_BUDGET} steps per
+        reactor turn, so that a long job (withdrawing 100,000 waiters) never
+        stalls other clients.  The first chunk runs at once when no other
+        job is under way (a small job is then done before this returns).
+        """
+        self._chores.append(work)
+        if len(self._chores) == 1 and self._choreCall is None:
+            self._runChores()
+
+    def _runChores(self) -> None:
+        self._choreCall = None
+        budget = CHUNK_BUDGET
+        outer = self.openTurn()
+        try:
+            while self._chores and budget > 0:
+                work = self._chores[0]
+                try:
+                    for _ in work:
+                        budget -= 1
+                        if budget <= 0:
+                            break
+                    else:
+                        self._chores.popleft()
+                except Exception:
+                    self._chores.popleft()
+                    self._internalError("background work")
+        finally:
+            if outer:
+                self.closeTurn()
+            if self._chores and self._choreCall is None:
+                self._choreCall = self.clock.callLater(0, self._runChores)
 
     # -- answers gathered per reactor turn -----------------------------
 
@@ -497,7 +630,7 @@ class LockService(Service):
                     continue
                 waiter.deadline = 0.0
                 try:
-                    if self.table.withdraw(waiter):
+                    if self._unqueue(waiter):
                         self.stats.timeouts += 1
                         self._waitEnded(waiter, TIMEOUT)
                         waiter.conn.finish(waiter, wire.timedOut(waiter.key))
@@ -628,6 +761,7 @@ class LockService(Service):
         heldFor = now - holder.grantedAt
         owner = holder.owner
         orphans: List[Waiter] = []
+        self._passGone(key)
         try:
             _, grant = self.table.expire(key, token, now)
         except HandOverFailed as e:
@@ -682,6 +816,8 @@ class LockService(Service):
         if grant is not None:
             waiter = grant.waiter
             assert isinstance(waiter, PendingAcquire)
+            if waiter.run is not None:
+                self._leaveRun(waiter, waiter.run)
             self._forgetWait(waiter)
             self._granted(grant, now, now - waiter.queuedAt, waiter.conn)
             waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))
