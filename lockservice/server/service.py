@@ -543,11 +543,12 @@ class LockService(Service):
         holder = self.table.holder(key)
         while holder is not None and holder.queue is not None:
             head = holder.queue.head
-            if not isinstance(head, PendingAcquire) or not head.conn.gone or head.run is None:
+            if not isinstance(head, PendingAcquire) or not head.conn.gone:
                 return
             run = head.run
-            if run.last is None:
-                return
+            if run is None or run.last is None:
+                self.withdraw(head)  # not in a run (never expected): one by one
+                continue
             self.table.cut(key, head, run.last, run.count)
             run.cut = True
             run.count = 0
