@@ -510,3 +510,39 @@ def test_force_release_reason_cannot_forge_lines(node: ProtocolNode) -> None:
     node.connect().ask(b"A k2 30 0")
     code, answer = post(stub, "/locks/k2/release", reason="x" * 5000)
     assert code == 200 and len(answer["reason"]) == 503
+
+
+@pytest.mark.parametrize("path", ["/locks?limit=1001", "/locks?limit=1000000000",
+                                  "/locks?waiters=1001", "/locks?waiters=10000",
+                                  "/locks/k?waiters=1001", "/locks?key=k&waiters=1001",
+                                  "/locks/stats?limit=1001", "/events?limit=1001"])
+def test_asks_beyond_the_ceilings_are_refused(node: ProtocolNode, path: str) -> None:
+    """
+    One answer is built in one reactor turn: its size is capped (1000 keys,
+    1000 waiters per key, 1000 events, 1000 statistics), larger asks are 400.
+    """
+    stub, _ = withMonitor(node)
+    response, body = fetch(stub, path)
+    assert response.code == 400, body
+    assert "between" in json.loads(body)["error"]
+    name, _, _ = path.rpartition("=")
+    ok, _ = fetch(stub, name + "=1000")  # the ceiling itself is fine
+    assert ok.code == 200
+
+
+def test_waiters_listed_in_one_answer_are_bounded(node: ProtocolNode) -> None:
+    """
+    At most 5,000 waiters in one /locks answer, whatever limit x waiters;
+    the keys past that budget say their list is truncated.
+    """
+    stub, _ = withMonitor(node)
+    holder, waiter = node.connect(), node.connect()
+    for i in range(12):
+        holder.ask(b"A k%02d 300 0" % i)
+    waiter.send(b"".join(b"A k%02d 30 0\r\n" % i for i in range(12) for _ in range(1000)))
+    assert node.service.table.waiterCount == 12000
+    _, body = fetch(stub, "/locks?waiters=1000")
+    locks = json.loads(body)["locks"]
+    assert sum(len(lock["waiters"]) for lock in locks) == 5000
+    assert [len(lock["waiters"]) for lock in locks[4:7]] == [1000, 0, 0]
+    assert locks[5]["waiters_truncated"] and locks[5]["queue_length"] == 1000

@@ -369,3 +369,46 @@ def test_deadlock_detection_never_stalls_and_reports_once(spawn) -> None:  # typ
         print(f"M={m}: slowest ping {real * 1000:.1f} ms while the holders deadlock")
         # Generous (a shared 2-core machine); before the fix: 1.4 s at M=4000.
         assert shared < 0.5 and real < 0.5, (shared, real)
+
+
+def test_no_http_endpoint_stalls_the_reactor(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    A node with 50,000 held keys, 20 waiters on each of 1,000 of them and
+    10,000 (the default --max-waiters) on one: each endpoint asked for the
+    most it gives, while a ping measures how long the reactor was held up.
+    """
+    import threading
+    node, http = httpNode(spawn, "--warn-hold", "1")
+    with LineClient(node.port) as holder, LineClient(node.port) as waiter:
+        holder.send(b"".join(b"A key/%05d 600 0\n" % i for i in range(50000)))
+        waitFor(lambda: get(http, "/status")["held_keys"] == 50000, 120, what="held")
+        waiter.send(b"".join(b"A key/%05d 600 0\n" % i for i in range(1000) for _ in range(20)))
+        waiter.send(b"A key/hot 600 0\n")
+        waitFor(lambda: get(http, "/status")["held_keys"] == 50001, 60, what="hot")
+        waiter.send(b"A key/hot 600 0\n" * 10000)
+        waitFor(lambda: get(http, "/status")["waiters"] == 30000, 120, what="queued")
+        waitFor(lambda: get(http, "/status")["long_holds"] == 50001, 60, what="long holds")
+        figures = {}
+        for path in ["/locks?limit=1000&waiters=1000", "/locks?key=key/hot&waiters=1000",
+                     "/locks?limit=1000&offset=49000", "/locks/stats?limit=1000",
+                     "/events?limit=1000", "/events?key=key/hot&limit=1000",
+                     "/dashboard.json", "/metrics", "/status", "/"]:
+            pinger = Pinger(node.port)
+            sizes = []
+
+            def fetch(path: str = path, sizes: list = sizes) -> None:  # type: ignore[type-arg]
+                for _ in range(3):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{http}{path}",
+                                                timeout=60) as r:
+                        sizes.append(len(r.read()))
+
+            threads = [threading.Thread(target=fetch) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            figures[path] = (pinger.stop(), max(sizes))
+        for path, (slowest, size) in figures.items():
+            print(f"{path:40} {size / 1024:8.0f} KiB  slowest ping {slowest * 1000:6.1f} ms")
+        # Generous (2 shared cores, 4 requests at once); the aim is tens of ms.
+        assert all(slowest < 0.5 for slowest, _ in figures.values()), figures

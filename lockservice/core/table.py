@@ -153,10 +153,21 @@ class WaitQueue:
         return waiter
 
 
+class _Extra:
+    """
+    What only some held keys need: a renewal count, a queue of waiters.
+    """
+
+    __slots__ = ("renewals", "queue")
+
+    def __init__(self) -> None:
+        self.renewals = 0
+        self.queue: Optional[WaitQueue] = None
+
+
 class Holder:
     """
-    A held key: its current grant, and the FIFO queue of waiters (created
-    only when someone waits, to keep an uncontended key small).
+    A held key: its current grant, and the FIFO queue of waiters.
 
     The same object stays in the table while the key passes from grant to
     grant; its fields change at each hand-over.  These attributes are
@@ -172,30 +183,87 @@ class Holder:
     @ivar queue: the waiters, or None when nobody waits.
     """
 
-    __slots__ = ("token", "grantedAt", "expiresAt", "owner", "renewals", "queue")
+    # A held key costs RSS: four slots (64 bytes with the GC header), the
+    # two times in one complex (one 32-byte object instead of two floats
+    # of 32 bytes each), and the renewal count and queue in an L{_Extra}
+    # made only for a key that was renewed or is waited for.
+    __slots__ = ("token", "_times", "owner", "_extra")
 
     def __init__(
         self, token: int, grantedAt: float, expiresAt: float, owner: Optional[str] = None
     ) -> None:
         self.token = token
-        self.grantedAt = grantedAt
-        self.expiresAt = expiresAt
+        self._times = complex(grantedAt, expiresAt)
         self.owner = owner
-        self.renewals = 0
-        self.queue: Optional[WaitQueue] = None
+        self._extra: Optional[_Extra] = None
+
+    @property
+    def grantedAt(self) -> float:
+        return self._times.real
+
+    @property
+    def expiresAt(self) -> float:
+        return self._times.imag
+
+    @expiresAt.setter
+    def expiresAt(self, expiresAt: float) -> None:
+        self._times = complex(self._times.real, expiresAt)
+
+    def regrant(self, token: int, grantedAt: float, expiresAt: float,
+                owner: Optional[str]) -> None:
+        """
+        The key passes to a new grant: its renewal count starts again.
+        """
+        self.token = token
+        self._times = complex(grantedAt, expiresAt)
+        self.owner = owner
+        extra = self._extra
+        if extra is not None:
+            extra.renewals = 0
+            if extra.queue is None:
+                self._extra = None
+
+    @property
+    def renewals(self) -> int:
+        extra = self._extra
+        return extra.renewals if extra is not None else 0
+
+    def renewed(self) -> None:
+        extra = self._extra
+        if extra is None:
+            extra = self._extra = _Extra()
+        extra.renewals += 1
+
+    @property
+    def queue(self) -> Optional[WaitQueue]:
+        extra = self._extra
+        return extra.queue if extra is not None else None
+
+    @queue.setter
+    def queue(self, queue: Optional[WaitQueue]) -> None:
+        extra = self._extra
+        if extra is None:
+            if queue is None:
+                return
+            extra = self._extra = _Extra()
+        extra.queue = queue
+        if queue is None and not extra.renewals:
+            self._extra = None
 
     def waiters(self) -> Iterator[Waiter]:
         """
         The queued waiters, first to be granted first.
         """
-        return iter(self.queue) if self.queue is not None else iter(())
+        queue = self.queue
+        return iter(queue) if queue is not None else iter(())
 
     @property
     def waiting(self) -> int:
         """
         How many waiters are queued.
         """
-        return self.queue.length if self.queue is not None else 0
+        queue = self.queue
+        return queue.length if queue is not None else 0
 
 
 class Grant:
@@ -319,7 +387,7 @@ class LockTable:
         if holder is None or holder.token != token or holder.expiresAt <= now:
             return None
         holder.expiresAt = now + lease
-        holder.renewals += 1
+        holder.renewed()
         return holder
 
     def withdraw(self, waiter: Waiter) -> bool:
@@ -357,7 +425,9 @@ class LockTable:
         self.waiterCount -= count
 
     def _handOver(self, key: bytes, holder: Holder, now: float) -> Optional[Grant]:
-        queue = holder.queue
+        # The slot itself, not the property: this runs at every release.
+        extra = holder._extra
+        queue = extra.queue if extra is not None else None
         if queue is None:
             del self._keys[key]
             return None
@@ -374,12 +444,9 @@ class LockTable:
             holder.queue = None
         waiter.queued = False
         self.waiterCount -= 1
-        holder.token = token
-        holder.grantedAt = now
-        holder.expiresAt = now + waiter.lease
-        holder.owner = waiter.holderName()
-        holder.renewals = 0
-        return Grant(key, token, holder.expiresAt, waiter)
+        expiresAt = now + waiter.lease
+        holder.regrant(token, now, expiresAt, waiter.holderName())
+        return Grant(key, token, expiresAt, waiter)
 
     def _unqueue(self, holder: Holder) -> List[Waiter]:
         orphans = list(holder.waiters())
@@ -407,11 +474,7 @@ class LockTable:
             # the time it was first seen granted.
             holder.expiresAt = expiresAt
         else:
-            holder.token = token
-            holder.grantedAt = grantedAt
-            holder.expiresAt = expiresAt
-            holder.owner = None
-            holder.renewals = 0
+            holder.regrant(token, grantedAt, expiresAt, None)
 
     def drop(self, key: bytes, token: int) -> None:
         """

@@ -148,6 +148,7 @@ class Monitor:
         self.graph = WaitForGraph()
         self._checking: Optional[IDelayedCall] = None
         self.longHolds = 0
+        self._longNow = 0  # flagged grants still held: /status is O(1)
         self.forceReleases = 0
         self._held: Dict[bytes, _Held] = {}
         self._forcing: Optional[Tuple[bytes, int, str]] = None
@@ -190,6 +191,7 @@ class Monitor:
         if self.warnHold is not None:
             # Only long-hold checks need a record per grant: without
             # --warn-hold the table's holders are all there is per key.
+            self._forgetHeld(key)
             self._held[key] = _Held(token, owner, now)
         if waiter is not None:
             self.graph.unwait(key, waiter.conn)
@@ -210,7 +212,7 @@ class Monitor:
         self.series.held(now, heldFor)
         held = self._held.get(key)
         if held is not None and held.token == token:
-            del self._held[key]
+            self._forgetHeld(key)
             if owner is None:
                 owner = held.owner
         self.graph.unhold(key)
@@ -238,6 +240,7 @@ class Monitor:
             return
         self._role = role
         self._held.clear()
+        self._longNow = 0
         self._due.clear()
         self.graph.clear()
         if self._alarm is not None and self._alarm.active():
@@ -328,6 +331,7 @@ class Monitor:
             if held is None or held.token != token or held.long:
                 continue  # released (or handed over) in time
             held.long = True
+            self._longNow += 1
             self.longHolds += 1
             who = held.owner or "unknown"
             self.log.warn(
@@ -342,7 +346,12 @@ class Monitor:
         return held is not None and held.token == token and held.long
 
     def currentLongHolds(self) -> int:
-        return sum(1 for held in self._held.values() if held.long)
+        return self._longNow
+
+    def _forgetHeld(self, key: bytes) -> None:
+        held = self._held.pop(key, None)
+        if held is not None and held.long:
+            self._longNow -= 1
 
     def stop(self) -> None:
         if self._alarm is not None and self._alarm.active():

@@ -1,0 +1,148 @@
+"""
+Lease deadlines in millisecond buckets (L{LockService}'s lease timers):
+never early, at most a millisecond late, in deadline order, and no pile-up
+of the entries that releases and renewals leave behind.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import List, Optional, Tuple
+
+from twisted.internet.task import Clock
+
+from lockservice.server.service import LockService, PendingAcquire
+
+
+class Conn:
+    name = "tester"
+    gone = False
+
+    def __init__(self) -> None:
+        self.answers: List[bytes] = []
+
+    def finish(self, waiter: PendingAcquire, answer: bytes) -> None:
+        self.answers.append(answer)
+
+    def flushAnswers(self) -> None:
+        pass
+
+
+class Expiries:
+    """
+    A change observer noting when each grant expired (service time).
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.seen: List[Tuple[bytes, float]] = []
+
+    def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
+                waited: float) -> None:
+        pass
+
+    def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
+        pass
+
+    def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
+        if expired:
+            self.seen.append((key, self.clock.seconds()))
+
+
+def service() -> Tuple[LockService, Clock, Expiries, Conn]:
+    clock = Clock()
+    clock.advance(1000)
+    counter = iter(range(1, 10**9))
+    locks = LockService(clock, lambda: next(counter))
+    expiries = Expiries(clock)
+    locks.observers.append(expiries)
+    return locks, clock, expiries, Conn()
+
+
+def acquire(locks: LockService, conn: Conn, key: bytes, lease: float) -> Optional[bytes]:
+    return locks.acquire(PendingAcquire(key, lease, conn), 0.0)
+
+
+def test_leases_sharing_a_millisecond_expire_each_at_its_own_deadline() -> None:
+    locks, clock, expiries, conn = service()
+    rng = random.Random(15)
+    deadlines = {}
+    for i in range(300):
+        key = b"k%d" % i
+        assert acquire(locks, conn, key, 5 + rng.random() * 0.004)
+        holder = locks.table.holder(key)
+        assert holder is not None
+        deadlines[key] = holder.expiresAt
+        clock.advance(rng.random() * 0.00002)  # grants a few microseconds apart
+    while len(expiries.seen) < len(deadlines) and clock.seconds() < 1010:
+        clock.advance(0.00005)
+    assert len(expiries.seen) == len(deadlines)
+    for key, at in expiries.seen:
+        assert deadlines[key] <= at <= deadlines[key] + 0.001 + 0.00005, key
+    # The order of one heap of (deadline, key).
+    assert [k for k, _ in expiries.seen] == sorted(deadlines, key=lambda k: (deadlines[k], k))
+
+
+def test_a_lone_lease_expires_exactly_at_its_deadline() -> None:
+    locks, clock, expiries, conn = service()
+    clock.advance(0.1234567)
+    assert acquire(locks, conn, b"k", 2.5)
+    holder = locks.table.holder(b"k")
+    assert holder is not None
+    [call] = clock.getDelayedCalls()
+    assert call.getTime() == holder.expiresAt
+
+
+def test_renewed_and_shortened_leases_follow_their_new_deadline() -> None:
+    locks, clock, expiries, conn = service()
+    answer = acquire(locks, conn, b"long", 10)
+    assert answer
+    token = int(answer.split()[2])
+    answer2 = acquire(locks, conn, b"short", 1)
+    assert answer2
+    token2 = int(answer2.split()[2])
+    replies: List[bytes] = []
+    locks.renew(b"long", token, 0.5, replies.append)  # shortened
+    locks.renew(b"short", token2, 3, replies.append)  # lengthened
+    assert replies == [b"N long OK\n", b"N short OK\n"]
+    clock.advance(0.499)
+    assert expiries.seen == []
+    clock.advance(0.002)
+    assert [k for k, _ in expiries.seen] == [b"long"]
+    clock.advance(1.0)
+    assert [k for k, _ in expiries.seen] == [b"long"]  # its old deadline is gone
+    clock.advance(1.496)
+    assert [k for k, _ in expiries.seen] == [b"long"]
+    clock.advance(0.004)
+    assert [k for k, _ in expiries.seen] == [b"long", b"short"]
+
+
+def test_hand_over_into_the_millisecond_being_expired() -> None:
+    """
+    An expiry hands the key to a waiter whose lease ends in the same
+    millisecond: its deadline is kept, not expired early nor lost.
+    """
+    locks, clock, expiries, conn = service()
+    assert acquire(locks, conn, b"k", 1)
+    assert acquire(locks, conn, b"k", 0.0002) is None
+    clock.advance(1)
+    assert len(expiries.seen) == 1 and len(conn.answers) == 1
+    clock.advance(0.0001)
+    assert len(expiries.seen) == 1
+    clock.advance(0.0001)
+    assert len(expiries.seen) == 2 and locks.table.holder(b"k") is None
+    assert not clock.getDelayedCalls()
+
+
+def test_entries_left_behind_by_renewals_do_not_pile_up() -> None:
+    locks, clock, expiries, conn = service()
+    answer = acquire(locks, conn, b"k", 30)
+    assert answer
+    token = int(answer.split()[2])
+    for _ in range(20000):
+        locks.renew(b"k", token, 30, lambda line: None)
+        clock.advance(0.001)
+    assert locks._leaseEntries <= 2 * len(locks.table) + 4096
+    assert len(locks._leaseBuckets) <= 4096 + 2
+    clock.advance(30)
+    assert [k for k, _ in expiries.seen] == [b"k"]
