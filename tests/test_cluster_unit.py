@@ -75,6 +75,7 @@ class Lab:
 
     def ask(self, line: bytes) -> bytes:
         self.protocol.dataReceived(line + b"\n")
+        self.clock.advance(0)  # the end of the reactor turn: answers go out
         answer: bytes = self.protocol.transport.value()  # type: ignore[union-attr]
         self.protocol.transport.clear()  # type: ignore[union-attr]
         return answer
@@ -127,8 +128,34 @@ def test_a_turn_of_changes_goes_in_one_write() -> None:
     lab.client()
     lab.log.clear()
     lab.protocol.dataReceived(b"".join(b"A k%d 30 0\n" % i for i in range(50)))
+    assert lab.log == []  # nothing leaves before the end of the reactor turn
+    lab.clock.advance(0)
     assert [name for name, _ in lab.log] == ["in1", "client"]
     assert len(lines(follower)) == 50
+
+
+def test_every_connection_of_a_reactor_turn_shares_one_replication_write() -> None:
+    """
+    The connections the reactor found readable in one iteration are
+    answered together at its end, after one write per standby carrying all
+    their changes (not one write per standby per connection).
+    """
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    clients = []
+    for _ in range(4):
+        lab.client()
+        clients.append(lab.protocol)
+    lab.log.clear()
+    for i, protocol in enumerate(clients):
+        protocol.dataReceived(b"A c%d 30 0\n" % i)
+    assert lab.log == []
+    lab.clock.advance(0)
+    where = [name for name, _ in lab.log]
+    assert where == ["in1"] + ["client"] * 4, where
+    assert len(lines(follower)) == 4
+    for i, protocol in enumerate(clients):
+        assert protocol.transport.value().startswith(b"A c%d " % i)  # type: ignore[union-attr]
 
 
 def test_an_expiry_with_no_answer_leaves_in_the_same_turn() -> None:

@@ -327,3 +327,21 @@ def test_too_many_queued_acquires_stop_the_reading(monkeypatch) -> None:  # type
     assert holders.ask(b"R k0 " + tokens[0]) == b"R k0 OK\n"
     assert c.take().startswith(b"A k0 ")
     assert c.transport.producerState == "producing"
+
+
+def test_waits_of_a_closed_connection_run_out_while_it_is_withdrawn() -> None:
+    node = Node(maxWaiters=10 * CHUNK_BUDGET)
+    holder, leaving, staying = node.connect(), node.connect(), node.connect()
+    live = holder.ask(b"A k 30 0").split()[2]
+    # The first two chunks (one at once, one next turn) have no waits; the
+    # others' waits run out between the later chunks of the withdrawal.
+    leaving.send(b"A k 30 0\n" * (2 * CHUNK_BUDGET) + b"A k 30 1\n" * (2 * CHUNK_BUDGET))
+    staying.send(b"A k 30 0\n")
+    leaving.close()
+    node.clock.advance(1.5)
+    assert node.service.table.waiterCount == 1
+    assert node.service.stats.timeouts > 0
+    assert node.service.stats.internalErrors == 0
+    assert leaving.take() == b""
+    assert holder.ask(b"R k " + live) == b"R k OK\n"
+    assert staying.take().startswith(b"A k ")

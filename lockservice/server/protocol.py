@@ -271,7 +271,7 @@ class LockProtocol(LineOnlyReceiver):
             self._readLines(data)
         finally:
             if outer:
-                service.closeTurn()
+                service.closeTurnSoon()
 
     def _readLines(self, data: bytes) -> None:
         if self._buffer:
