@@ -55,8 +55,16 @@ def actives(nodes: List[Node]) -> List[int]:
 
 
 def grant(node: Node, key: bytes) -> int:
-    with LineClient(node.port, host=node.host) as c:
-        answer = c.ask(b"A " + key + b" 120 5", timeout=10)
+    # Retried while the node answers "M A <key> *": an active does so while
+    # a peer it still hears from does not receive its stream (the cut side
+    # until its peers fall silent; a new active until its peers subscribe).
+    deadline = time.monotonic() + 15
+    while True:
+        with LineClient(node.port, host=node.host) as c:
+            answer = c.ask(b"A " + key + b" 120 5", timeout=10)
+        if answer != b"M A " + key + b" *" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert answer.startswith(b"A " + key + b" "), answer
     return int(answer.split()[2])
 
@@ -77,7 +85,7 @@ def partitionHeals(lab, seconds: float) -> float:  # type: ignore[no-untyped-def
     before = grant(nodes[0], b"before")
     lab.cutPeers(0)
     try:
-        waitFor(lambda: role(nodes[1]) == "active", 10, what="node1 promoted during the cut")
+        waitFor(lambda: role(nodes[1]) == "active", 15, what="node1 promoted during the cut")
         onNode0 = grant(nodes[0], b"cut-side")  # clients still reach node0
         onNode1 = grant(nodes[1], b"majority-side")
         remaining = seconds - 1.5
@@ -86,7 +94,7 @@ def partitionHeals(lab, seconds: float) -> float:  # type: ignore[no-untyped-def
     finally:
         lab.heal()
     healed = time.monotonic()
-    waitFor(lambda: actives(nodes) == [0], 10, interval=0.02, what="one active after the heal")
+    waitFor(lambda: actives(nodes) == [0], 15, interval=0.02, what="one active after the heal")
     elapsed = time.monotonic() - healed
     print(f"one active {elapsed:.2f}s after a {seconds:g}s partition healed")
     # Merged, not wiped: every lock either side granted is still held.
