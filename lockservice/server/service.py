@@ -307,6 +307,8 @@ class LockService(Service):
         # Background work run a chunk per reactor turn (see runInChunks).
         self._chores: Deque[Iterator[object]] = deque()
         self._choreCall: Optional[IDelayedCall] = None
+        self._choresSpent = 0
+        self._choresRunning = False
 
     # -- role ------------------------------------------------------------
 
@@ -557,25 +559,32 @@ class LockService(Service):
     def runInChunks(self, work: Iterator[object]) -> None:
         """
         Run C{work} one step per item, at most C{CHUNK_BUDGET} steps per
-        reactor turn, so that a long job (withdrawing 100,000 waiters) never
-        stalls other clients.  The first chunk runs at once when no other
-        job is under way (a small job is then done before this returns).
+        reactor turn for all such jobs together, so that long jobs
+        (withdrawing 100,000 waiters, or 500 connections closing at once)
+        never stall other clients.  Within that budget a job starts at once
+        (a small one is then done before this returns).
         """
         self._chores.append(work)
-        if len(self._chores) == 1 and self._choreCall is None:
-            self._runChores()
+        if self._choresSpent < CHUNK_BUDGET and not self._choresRunning:
+            self._runChores(CHUNK_BUDGET - self._choresSpent)
 
-    def _runChores(self) -> None:
+    def _nextChores(self) -> None:
         self._choreCall = None
-        budget = CHUNK_BUDGET
+        self._choresSpent = 0
+        if self._chores:
+            self._runChores(CHUNK_BUDGET)
+
+    def _runChores(self, budget: int) -> None:
+        spent = 0
         outer = self.openTurn()
+        self._choresRunning = True
         try:
-            while self._chores and budget > 0:
+            while self._chores and spent < budget:
                 work = self._chores[0]
                 try:
                     for _ in work:
-                        budget -= 1
-                        if budget <= 0:
+                        spent += 1
+                        if spent >= budget:
                             break
                     else:
                         self._chores.popleft()
@@ -583,10 +592,13 @@ class LockService(Service):
                     self._chores.popleft()
                     self._internalError("background work")
         finally:
+            self._choresRunning = False
+            self._choresSpent += spent
             if outer:
                 self.closeTurn()
-            if self._chores and self._choreCall is None:
-                self._choreCall = self.clock.callLater(0, self._runChores)
+            # The next reactor turn resets the budget (and goes on).
+            if self._choreCall is None:
+                self._choreCall = self.clock.callLater(0, self._nextChores)
 
     # -- answers gathered per reactor turn -----------------------------
 
