@@ -32,8 +32,16 @@ def onlyActive(cluster, expected) -> bool:  # type: ignore[no-untyped-def]
 
 
 def grant(port: int, key: bytes, lease: bytes = b"60") -> int:
-    with LineClient(port) as c:
-        answer = c.ask(b"A " + key + b" " + lease + b" 5", timeout=10)
+    # An active answers "M A key *" while a live peer it knows of does not
+    # yet receive its stream (it just became active, or a peer's link was
+    # reset): retry as the client library does.
+    deadline = time.monotonic() + 10
+    while True:
+        with LineClient(port) as c:
+            answer = c.ask(b"A " + key + b" " + lease + b" 5", timeout=10)
+        if answer.rstrip() != b"M A " + key + b" *" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert answer.startswith(b"A " + key + b" "), answer
     return int(answer.split()[2])
 

@@ -359,3 +359,99 @@ def test_a_syncing_node_with_a_mismatched_peer_does_not_promote() -> None:
     lab.cluster.tick()
     assert lab.cluster.role == SYNCING
     assert lab.cluster.views[0].secretMismatch
+
+
+# -- a new active serves once its live peers receive its stream ------------------
+
+
+def takenOver(lab: Lab) -> Tuple[PeerChannel, PeerChannel, PeerChannel]:
+    """
+    Node 0 follows node 1 (the active), node 2 is a live standby of node 1,
+    and node 1 hands the active role to node 0.
+
+    @return: node 0's links: outbound to 1, inbound from 1, inbound from 2.
+    """
+    leader = following(lab, leader=1)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H old 1 30000000 0", b"SNAPEND")
+    assert lab.cluster.role == STANDBY
+    fromOld = lab.link(1, outbound=False)
+    fromOther = lab.link(2, outbound=False)
+    lab.hear(fromOther, b"HB %d standby 1 1" % NOW_US)
+    lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
+    assert b"TAKEN %d" % (NOW_US + 5) in lines(leader)
+    assert lab.cluster.role == ACTIVE
+    lab.hear(leader, b"HB %d handing-off - 1" % (NOW_US + 5))
+    return leader, fromOld, fromOther
+
+
+def test_a_new_active_answers_no_change_until_its_live_peers_receive_its_stream() -> None:
+    lab = Lab()
+    _, fromOld, fromOther = takenOver(lab)
+    lab.client()
+    # Neither the old active nor the other standby receives our stream yet:
+    # a grant answered now would be lost on a kill -9 of this node.
+    assert lab.ask(b"A k 30 0") == b"M A k *\n"
+    assert lab.ask(b"R old 1") == b"M R old *\n"
+    lab.hear(fromOld, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+    assert lab.ask(b"A k 30 0") == b"M A k *\n"
+    lab.hear(fromOther, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+    for channel in (fromOld, fromOther):
+        while channel.snapshot is not None:
+            channel.snapshot.resumeProducing()
+        lines(channel)
+    lab.log.clear()
+    granted = lab.ask(b"A k 30 0")
+    assert granted.startswith(b"A k ")
+    assert [name for name, _ in lab.log] == ["in1", "in2", "client"], lab.log
+    token = granted.split()[2]
+    for channel in (fromOld, fromOther):
+        assert lines(channel) == [b"G k %s 30000000 0" % token]
+
+
+def test_a_new_active_freezes_again_when_a_subscriber_link_drops() -> None:
+    lab = Lab()
+    leader, fromOld, fromOther = takenOver(lab)
+    for channel in (fromOld, fromOther):
+        lab.hear(channel, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+    lab.client()
+    assert lab.ask(b"A k 30 0").startswith(b"A k ")
+    # The old active's link resets; it is alive (heard on our outbound
+    # link) but no longer receives the stream until it asks again.
+    fromOld.connectionLost(Failure(ConnectionLost()))
+    assert lab.ask(b"A j 30 0") == b"M A j *\n"
+    again = lab.link(1, outbound=False)
+    lab.hear(again, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+    assert lab.ask(b"A j 30 0").startswith(b"A j ")
+
+
+def test_a_live_peer_that_never_follows_does_not_freeze_the_active_forever() -> None:
+    lab = Lab()
+    leader, fromOld, fromOther = takenOver(lab)
+    lab.hear(fromOld, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+    lab.client()
+    assert lab.ask(b"A k 30 0") == b"M A k *\n"
+    # Node 2 stays alive but never asks for our stream.
+    for _ in range(19):
+        lab.clock.advance(0.1)
+        lab.hear(fromOther, b"HB %d standby 1 1" % NOW_US)
+        lab.hear(fromOld, b"HB %d standby 0 1" % (NOW_US + 5))
+        lab.cluster.tick()
+    assert lab.ask(b"A k 30 0") == b"M A k *\n"
+    lab.clock.advance(0.2)
+    lab.hear(fromOther, b"HB %d standby 1 1" % NOW_US)
+    lab.cluster.tick()
+    assert lab.ask(b"A k 30 0").startswith(b"A k ")
+
+
+def test_a_fresh_active_waits_for_a_syncing_peer_to_subscribe() -> None:
+    lab = Lab()
+    peer = lab.link(1, outbound=False)
+    for _ in range(5):
+        lab.clock.advance(0.5)
+        lab.hear(peer, b"HB 0 syncing - 0")
+        lab.cluster.tick()
+    assert lab.cluster.role == ACTIVE
+    lab.client()
+    assert lab.ask(b"A k 30 0") == b"M A k *\n"
+    lab.hear(peer, b"SYNC", b"HB %d syncing 0 0" % lab.cluster.term)
+    assert lab.ask(b"A k 30 0").startswith(b"A k ")

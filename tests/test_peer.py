@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import Logger
 
-from lockservice.cluster.peer import MISMATCH, PeerChannel, acceptChannel
+from lockservice.cluster.peer import MISMATCH, HandshakeLimit, PeerChannel, acceptChannel
 
 PEERS = [b"10.0.0.1:7701", b"10.0.0.2:7702", b"10.0.0.3:7703"]
 
@@ -29,6 +29,7 @@ class Owner:
         self.up: List[PeerChannel] = []
         self.failed: List[Tuple[int, bool, str]] = []
         self.messages: List[List[bytes]] = []
+        self.sources: List[str] = []
 
     def indexOf(self, entry: bytes) -> Optional[int]:
         return PEERS.index(entry) if entry in PEERS else None
@@ -42,8 +43,10 @@ class Owner:
     def peerLines(self, channel: PeerChannel, lines: List[bytes]) -> None:
         self.messages.extend(line.split(b" ") for line in lines)
 
-    def handshakeFailed(self, remote: int, outbound: bool, why: str) -> None:
+    def handshakeFailed(self, remote: int, outbound: bool, why: str,
+                        source: str = "") -> None:
         self.failed.append((remote, outbound, why))
+        self.sources.append(source)
 
 
 def take(transport: StringTransport) -> List[bytes]:
@@ -182,3 +185,60 @@ def test_handshake_times_out() -> None:
     take(t)
     a.clock.advance(5)
     assert take(t) == [b"E * * handshake timed out"] and t.disconnecting
+
+
+def test_a_flood_of_hellos_is_refused_before_any_proof() -> None:
+    a = Owner(0)
+    limit = HandshakeLimit(a.clock, rate=20, burst=20)
+    hello = b"HELLO 2 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16
+    answers = []
+    for _ in range(300):
+        t = StringTransport()
+        acceptChannel(a, t, hello, limit)  # type: ignore[arg-type]
+        answers.append(take(t)[0].split()[0])
+    assert answers.count(b"CHALLENGE") == 20
+    assert answers.count(b"E") == 280
+    # Peers that redial a few times a second are never refused.
+    a.clock.advance(1)
+    for _ in range(20):
+        t = StringTransport()
+        acceptChannel(a, t, hello, limit)  # type: ignore[arg-type]
+        assert take(t)[0].startswith(b"CHALLENGE ")
+
+
+def test_an_inbound_mismatch_names_the_source_of_the_claim() -> None:
+    from twisted.logger import LogLevel, globalLogPublisher
+
+    from lockservice.cluster.links import Links
+
+    seen: List[str] = []
+
+    def observer(event: dict) -> None:  # type: ignore[type-arg]
+        if event.get("log_level") == LogLevel.error:
+            from twisted.logger import formatEvent
+            seen.append(formatEvent(event))
+
+    links = Links(Clock(), None, None, [1], 1.0, lambda j: None, PEERS)  # type: ignore[arg-type]
+    globalLogPublisher.addObserver(observer)
+    try:
+        links.handshakeFailed(1, outbound=False, why=MISMATCH, source="10.9.9.9:40312")
+        links.handshakeFailed(1, outbound=False, why=MISMATCH, source="10.9.9.9:40313")
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert seen == ["a connection from 10.9.9.9:40312 claiming to be peer 10.0.0.2:7702 "
+                    "failed the handshake (secret mismatch)"]
+    # A claim is not evidence: the peer is not marked as mismatched.
+    assert not links.secretMismatch(1)
+
+
+def test_an_inbound_mismatch_reports_the_connection_source() -> None:
+    a, b = Owner(0, b"right"), Owner(1, b"wrong")
+    ct, at = StringTransport(), StringTransport()
+    outbound = PeerChannel(a, ct, outbound=True, remote=1)  # type: ignore[arg-type]
+    outbound.sendHello()
+    inbound = acceptChannel(b, at, take(ct)[0])  # type: ignore[arg-type]
+    challenge = take(at)
+    # A connector that answers anything at all with a wrong proof.
+    inbound.dataReceived(b"AUTH " + b"0" * 64 + b"\n")
+    assert b.failed == [(0, False, MISMATCH)]
+    assert b.sources == ["192.168.1.1:54321"], challenge

@@ -23,7 +23,7 @@ heals):
 from __future__ import annotations
 
 from math import inf
-from typing import Any, Callable, Dict, List, Set
+from typing import Any, Callable, Dict, List, Set, Tuple
 from typing import Protocol as TypingProtocol
 
 from twisted.application.internet import ClientService
@@ -103,6 +103,7 @@ class Links:
         self.dead: Set[int] = set()
         self.mismatch: Dict[int, float] = {}
         self.mismatchSeen: Set[int] = set()
+        self.claimsSeen: Set[Tuple[int, str]] = set()
         self._services: List[ClientService] = []
 
     # -- lifecycle ---------------------------------------------------------
@@ -165,9 +166,20 @@ class Links:
 
     # -- channel events (from the node) ------------------------------------
 
-    def handshakeFailed(self, j: int, outbound: bool, why: str) -> None:
-        if outbound:
-            self.mismatch[j] = self.clock.seconds()
+    def handshakeFailed(self, j: int, outbound: bool, why: str, source: str = "") -> None:
+        if not outbound:
+            # Anyone can claim any identity in a HELLO: log the claim and
+            # its source (once per claimed peer and source host), nothing more.
+            host = source.rpartition(":")[0]
+            if (j, host) not in self.claimsSeen:
+                if len(self.claimsSeen) >= 1000:
+                    self.claimsSeen.clear()
+                self.claimsSeen.add((j, host))
+                self.log.error(
+                    "a connection from {source} claiming to be peer {peer} failed the "
+                    "handshake ({why})", source=source, peer=self.names[j].decode(), why=why)
+            return
+        self.mismatch[j] = self.clock.seconds()
         if j not in self.mismatchSeen:
             self.mismatchSeen.add(j)
             self.log.error(

@@ -36,11 +36,12 @@ from twisted.logger import Logger
 
 from lockservice.cluster.handoff import Handoffs
 from lockservice.cluster.links import Links
-from lockservice.cluster.peer import PeerChannel, acceptChannel
+from lockservice.cluster.peer import HandshakeLimit, PeerChannel, acceptChannel
 from lockservice.cluster.replication import PLAUSIBLE_AHEAD, Stream
 from lockservice.core import election
 from lockservice.core.election import (
     ACTIVE,
+    HANDING_OFF,
     LEAVING,
     STANDBY,
     SYNCING,
@@ -53,6 +54,10 @@ from lockservice.server.service import LockService
 from lockservice.tcp import clientEndpoint
 
 FLUSH_BEFORE_EXIT = 0.1
+# How long a new active waits for a live peer that does not subscribe to
+# its stream before it serves anyway (in units of --peer-timeout): a peer
+# that neither dies nor follows us is not our standby.
+SUBSCRIBE_BOUND = 2.0
 
 
 class Cluster(Service):
@@ -95,6 +100,7 @@ class Cluster(Service):
                            endpointFor or self._endpointFor, self.peers)
         self.lastHeard = self.links.lastHeard
         self.stream = Stream(self)
+        self.handshakes = HandshakeLimit(self.clock)
         self.handoffs = Handoffs(self)
         self.role = SYNCING
         self.term = 0
@@ -105,6 +111,11 @@ class Cluster(Service):
         self.startedAt = self.clock.seconds()
         self.syncStartedAt = self.startedAt
         self.stopping = False
+        # Whether this node, when active, serves yet (see gate).
+        self.serving = False
+        self.activeSince = self.startedAt
+        self._unsubscribedLogged = False
+        self._unsubscribedSince: Dict[int, float] = {}
         self._mergeOnSync = False
         self._beat: Optional[LoopingCall] = None
         self._implausibleLogged: Dict[int, float] = {}
@@ -140,7 +151,7 @@ class Cluster(Service):
         The client address of the active node, as written in --peers.
         """
         if self.role == ACTIVE:
-            return self.myEntry
+            return self.myEntry if self.serving else None
         if self.leader is not None:
             view = self.views[self.leader]
             if view.alive and view.role == ACTIVE:
@@ -264,10 +275,11 @@ class Cluster(Service):
         A client connection opened with HELLO: it becomes a peer channel
         (the server's C{peerAcceptor}).
         """
-        return acceptChannel(self, transport, hello)
+        return acceptChannel(self, transport, hello, self.handshakes)
 
-    def handshakeFailed(self, remote: int, outbound: bool, why: str) -> None:
-        self.links.handshakeFailed(remote, outbound, why)
+    def handshakeFailed(self, remote: int, outbound: bool, why: str,
+                        source: str = "") -> None:
+        self.links.handshakeFailed(remote, outbound, why, source)
         self.views[remote].secretMismatch = self.links.secretMismatch(remote)
 
     def channelUp(self, channel: PeerChannel) -> None:
@@ -284,6 +296,8 @@ class Cluster(Service):
             return
         j = channel.remote
         assert j is not None
+        if channel.replicating:
+            self.gate()
         current = self.handoffs.current
         if not channel.outbound and current is not None and current.successor == j:
             self.handoffs.lost(j)
@@ -386,7 +400,68 @@ class Cluster(Service):
         )
         if action is not None and not self.stopping:
             self._act(action)
+        self.gate()
         self.locks.setActiveAddress(self.activeAddress())
+
+    def unsubscribed(self) -> List[int]:
+        """
+        The live peers that do not receive our replication stream: it did
+        not ask for it on its current link, or its heartbeat does not say
+        it follows us (a link left over from an earlier term).
+        """
+        inbound = self.links.inbound
+        return [j for j, v in self.views.items()
+                if v.alive and v.role != LEAVING
+                and not (j in inbound and inbound[j].replicating and v.leader == self.me)]
+
+    def gate(self) -> None:
+        """
+        An active node serves client changes only while every live peer it
+        knows of receives its stream: right after a promotion or a
+        takeover, the other nodes (the old active among them) subscribe
+        within a heartbeat or two, and an answer given before that could be
+        lost on a kill -9 (SPEC section 4).  Meanwhile the node is frozen
+        (C{M ... *}, queued waiters stay queued), as during a handoff.  A
+        live peer that does not subscribe within L{SUBSCRIBE_BOUND} peer
+        timeouts is not our standby: we serve without it.
+        """
+        if self.role != ACTIVE:
+            self.serving = False
+            return
+        missing = self.unsubscribed()
+        now = self.clock.seconds()
+        for j in list(self._unsubscribedSince):
+            if j not in missing:
+                del self._unsubscribedSince[j]
+        for j in missing:
+            self._unsubscribedSince.setdefault(j, now)
+        serving = not missing
+        if missing:
+            # Each peer gets the bound from when it became a live
+            # non-subscriber (a restarted node syncs within it).
+            waited = now - max(self._unsubscribedSince[j] for j in missing)
+            if waited >= SUBSCRIBE_BOUND * self.peerTimeout:
+                serving = True
+                if not self._unsubscribedLogged:
+                    self._unsubscribedLogged = True
+                    self.log.warn(
+                        "serving although live peer(s) {peers} do not follow this node "
+                        "after {seconds:.1f} s: changes answered now may be lost if this "
+                        "node fails", peers=", ".join(self.name(j) for j in missing),
+                        seconds=waited)
+        else:
+            self._unsubscribedLogged = False
+        if serving != self.serving:
+            self.serving = serving
+            self.locks.setRole(ACTIVE if serving else HANDING_OFF, self.activeAddress())
+            if serving:
+                self.log.info("serving: {peers} live peer(s) receive the stream "
+                              "({ms:.0f} ms after this node became active)",
+                              peers=len(self.views) - len(missing),
+                              ms=(now - self.activeSince) * 1000)
+            else:
+                self.log.info("not serving until {peers} receive(s) the stream",
+                              peers=", ".join(self.name(j) for j in missing))
 
     def _act(self, action: Action) -> None:
         if action.kind == "promote":
@@ -415,8 +490,22 @@ class Cluster(Service):
             self.handoffs.start(action.peer, stopping=False)
 
     def setRole(self, role: str) -> None:
+        if role == ACTIVE and self.role != ACTIVE:
+            self.activeSince = self.clock.seconds()
+            self._unsubscribedLogged = False
+            self._unsubscribedSince.clear()
         self.role = role
-        self.locks.setRole(role, self.activeAddress())
+        if role == ACTIVE:
+            # Frozen until every live peer receives our stream (see gate).
+            self.serving = False
+            if not self.unsubscribed():
+                self.serving = True
+                self.locks.setRole(ACTIVE, self.activeAddress())
+            else:
+                self.locks.setRole(HANDING_OFF, None)
+        else:
+            self.serving = False
+            self.locks.setRole(role, self.activeAddress())
 
     def _promote(self) -> None:
         self.term = self.newTerm()

@@ -71,7 +71,8 @@ class ChannelOwner(TypingProtocol):
 
     def peerLines(self, channel: "PeerChannel", lines: List[bytes]) -> None: ...
 
-    def handshakeFailed(self, remote: int, outbound: bool, why: str) -> None: ...
+    def handshakeFailed(self, remote: int, outbound: bool, why: str,
+                        source: str = "") -> None: ...
 
 
 def proof(secret: bytes, step: bytes, connector: bytes, acceptor: bytes,
@@ -196,7 +197,10 @@ class PeerChannel:
         self._cancelTimeout()
         if self.remote is not None and mismatch:
             # The owner logs a mismatch once per peer, not once per retry.
-            self.cluster.handshakeFailed(self.remote, self.outbound, MISMATCH)
+            # Inbound, the identity is only claimed: say where it came from.
+            peer = self.transport.getPeer()  # type: ignore[attr-defined]
+            source = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+            self.cluster.handshakeFailed(self.remote, self.outbound, MISMATCH, source)
         else:
             self.cluster.log.debug(
                 "refused peer connection {peer}: {why}",
@@ -283,10 +287,38 @@ class PeerClientProtocol(Protocol):
             self.channel.connectionLost(reason)
 
 
-def acceptChannel(cluster: ChannelOwner, transport: Any, hello: bytes) -> PeerChannel:
+class HandshakeLimit:
+    """
+    A token bucket for inbound handshakes: a node's peers redial a few
+    times a second at most, so a flood of HELLOs is refused before any
+    HMAC is computed (and before it can harvest proofs quickly).
+    """
+
+    def __init__(self, clock: IReactorTime, rate: float = 20.0, burst: float = 20.0) -> None:
+        self.clock = clock
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.at = clock.seconds()
+
+    def take(self) -> bool:
+        now = self.clock.seconds()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def acceptChannel(cluster: ChannelOwner, transport: Any, hello: bytes,
+                  limit: Optional[HandshakeLimit] = None) -> PeerChannel:
     """
     Turn a client connection whose first line was C{HELLO} into a peer channel.
     """
     channel = PeerChannel(cluster, transport, outbound=False)
+    if limit is not None and not limit.take():
+        channel._refuse(b"too many peer handshakes")
+        return channel
     channel._handshake(hello.rstrip(b"\r").split(b" "))
     return channel

@@ -187,6 +187,7 @@ class Stream:
         producer = SnapshotProducer(self, channel, [key for key, _ in locks.heldKeys()])
         channel.snapshot = producer
         channel.transport.registerProducer(producer, False)  # type: ignore[attr-defined]
+        self.cluster.gate()  # a new active may be waiting for this subscriber
 
     def snapshotSent(self, producer: SnapshotProducer) -> None:
         cluster = self.cluster

@@ -296,6 +296,10 @@ class LockService(Service):
         self._leaseBuckets: Dict[int, Union[bytes, List[bytes]]] = {}
         self._leaseOrder: List[int] = []
         self._leaseEntries = 0
+        # Due leases left over by the per-turn budget, in expiry order:
+        # handled first in the next turn (so a crowded bucket is scanned
+        # once, not once per turn).
+        self._leaseBacklog: Deque[bytes] = deque()
         self._leaseAlarm = _Alarm(clock, self._leasesDue, self._nextLease)
         # Wait deadlines: (deadline, sequence, waiter).  A waiter that
         # leaves its queue otherwise leaves its entry behind, counted in
@@ -707,6 +711,8 @@ class LockService(Service):
         return live
 
     def _nextLease(self) -> Optional[float]:
+        if self._leaseBacklog:
+            return 0.0  # due already: the next reactor turn
         order = self._leaseOrder
         while order:
             bucket = order[0]
@@ -754,8 +760,12 @@ class LockService(Service):
         budget = TIMER_BUDGET
         outer = self.openTurn()
         try:
-            # Filed back after the loop (not due yet, or over the budget):
-            # filing them at once would bring their bucket up again.
+            backlog = self._leaseBacklog
+            while backlog and budget:
+                budget -= 1
+                self._expireDue(backlog.popleft(), now)
+            # Not due yet: filed back after the loop (filing them at once
+            # would bring their bucket up again).
             later: List[bytes] = []
             while order and order[0] <= last and budget:
                 bucket = heappop(order)
@@ -769,17 +779,10 @@ class LockService(Service):
                         later.append(key)
                 # The same order as one heap of (deadline, key) would give.
                 due.sort(key=lambda k: (cast(Holder, holder(k)).expiresAt, k))
-                later.extend(due[budget:])
+                backlog.extend(due[budget:])
                 for key in due[:budget]:
                     budget -= 1
-                    h = holder(key)
-                    if h is None:
-                        continue
-                    try:
-                        self._expire(key, h.token, now)
-                    except Exception:
-                        # One bad hand-over must not stop every later expiry.
-                        self._internalError("lease expiry")
+                    self._expireDue(key, now)
             for key in later:
                 h = holder(key)
                 if h is not None:
@@ -787,6 +790,16 @@ class LockService(Service):
         finally:
             if outer:
                 self.closeTurn()
+
+    def _expireDue(self, key: bytes, now: float) -> None:
+        holder = self.table.holder(key)
+        if holder is None:
+            return
+        try:
+            self._expire(key, holder.token, now)
+        except Exception:
+            # One bad hand-over must not stop every later expiry.
+            self._internalError("lease expiry")
 
     def _expire(self, key: bytes, token: int, now: float) -> None:
         holder = self.table.holder(key)
@@ -808,6 +821,7 @@ class LockService(Service):
         self._leaseBuckets = {}
         self._leaseOrder = []
         self._leaseEntries = 0
+        self._leaseBacklog.clear()
         for key, holder in self.table.holders():
             self._fileLease(key, holder.expiresAt)
         if not self._leaseAlarm.firing:
@@ -817,6 +831,7 @@ class LockService(Service):
         self._leaseBuckets = {}
         self._leaseOrder = []
         self._leaseEntries = 0
+        self._leaseBacklog.clear()
         self._leaseAlarm.cancel()
 
     def _takeWaiters(self) -> List[PendingAcquire]:
