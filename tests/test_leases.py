@@ -146,3 +146,37 @@ def test_entries_left_behind_by_renewals_do_not_pile_up() -> None:
     assert len(locks._leaseBuckets) <= 4096 + 2
     clock.advance(30)
     assert [k for k, _ in expiries.seen] == [b"k"]
+
+
+def test_a_crowded_millisecond_is_scanned_once_and_expires_in_order(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """
+    20,000 leases ending in the same millisecond expire 1,000 per reactor
+    turn, in (deadline, key) order, and their bucket is read once, not once
+    per turn.
+    """
+    locks, clock, expiries, conn = service()
+    keys = [b"k%05d" % i for i in range(20000)]
+    for key in reversed(keys):
+        assert acquire(locks, conn, key, 5)
+    scanned: List[int] = []
+    original = locks._bucketKeys
+
+    def counting(bucket: int) -> List[bytes]:
+        found = original(bucket)
+        scanned.append(len(found))
+        return found
+
+    monkeypatch.setattr(locks, "_bucketKeys", counting)
+    turns: List[int] = []
+    fire = locks._leaseAlarm.fire
+
+    def counted(at: float) -> None:
+        before = len(expiries.seen)
+        fire(at)
+        turns.append(len(expiries.seen) - before)
+
+    locks._leaseAlarm.fire = counted
+    clock.advance(5)
+    assert turns == [1000] * 20  # one turn's budget each
+    assert [k for k, _ in expiries.seen] == keys
+    assert sum(scanned) < 3 * len(keys), sum(scanned)

@@ -345,3 +345,19 @@ def test_waits_of_a_closed_connection_run_out_while_it_is_withdrawn() -> None:
     assert leaving.take() == b""
     assert holder.ask(b"R k " + live) == b"R k OK\n"
     assert staying.take().startswith(b"A k ")
+
+
+def test_many_connections_closing_at_once_share_one_budget_per_turn() -> None:
+    node = Node(maxWaiters=10 * CHUNK_BUDGET)
+    holder = node.connect()
+    holder.ask(b"A k 30 0")
+    leaving = [node.connect() for _ in range(10)]
+    for c in leaving:
+        c.send(b"A k 30 0\n" * (CHUNK_BUDGET // 2))
+    for c in leaving:
+        c.close()
+    table = node.service.table
+    # One budget for them all in this turn; the rest in later turns.
+    assert table.waiterCount == 10 * (CHUNK_BUDGET // 2) - CHUNK_BUDGET
+    node.clock.advance(0)
+    assert table.waiterCount == 0

@@ -14,6 +14,8 @@ import time
 import urllib.request
 from typing import Callable, List
 
+import pytest
+
 from lockservice.testing.harness import LineClient, freePort, waitFor
 
 STALL_BOUND = 0.1
@@ -122,18 +124,22 @@ def test_mass_wait_timeout_does_not_stall(spawn) -> None:  # type: ignore[no-unt
         assert slowest < STALL_BOUND, f"a ping took {slowest * 1000:.0f} ms"
 
 
-def test_closing_a_connection_with_100000_waiters_does_not_stall(spawn) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("connections", [1, 500])
+def test_closing_connections_with_100000_waiters_does_not_stall(  # type: ignore[no-untyped-def]
+        spawn, connections: int) -> None:
     httpPort = freePort()
     node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1",
                        "--max-waiters", "200000"])
     with LineClient(node.port) as holder:
         live = holder.ask(b"A k 30 0").split()[2]
-        leaving = queue(node.port, 100_000, b"A k 30 0\n")
+        leaving = [queue(node.port, 100_000 // connections, b"A k 30 0\n")
+                   for _ in range(connections)]
         staying = queue(node.port, 1, b"A k 30 0\n")
         granted: List[float] = []
 
         def close() -> None:
-            leaving.close()
+            for client in leaving:
+                client.close()
             # Released at once: the key passes the dead waiters by.
             started = time.perf_counter()
             assert holder.ask(b"R k " + live, timeout=30) == b"R k OK"

@@ -296,6 +296,10 @@ class LockService(Service):
         self._leaseBuckets: Dict[int, Union[bytes, List[bytes]]] = {}
         self._leaseOrder: List[int] = []
         self._leaseEntries = 0
+        # Due leases left over by the per-turn budget, in expiry order:
+        # handled first in the next turn (so a crowded bucket is scanned
+        # once, not once per turn).
+        self._leaseBacklog: Deque[bytes] = deque()
         self._leaseAlarm = _Alarm(clock, self._leasesDue, self._nextLease)
         # Wait deadlines: (deadline, sequence, waiter).  A waiter that
         # leaves its queue otherwise leaves its entry behind, counted in
@@ -307,6 +311,8 @@ class LockService(Service):
         # Background work run a chunk per reactor turn (see runInChunks).
         self._chores: Deque[Iterator[object]] = deque()
         self._choreCall: Optional[IDelayedCall] = None
+        self._choresSpent = 0
+        self._choresRunning = False
 
     # -- role ------------------------------------------------------------
 
@@ -557,25 +563,32 @@ class LockService(Service):
     def runInChunks(self, work: Iterator[object]) -> None:
         """
         Run C{work} one step per item, at most C{CHUNK_BUDGET} steps per
-        reactor turn, so that a long job (withdrawing 100,000 waiters) never
-        stalls other clients.  The first chunk runs at once when no other
-        job is under way (a small job is then done before this returns).
+        reactor turn for all such jobs together, so that long jobs
+        (withdrawing 100,000 waiters, or 500 connections closing at once)
+        never stall other clients.  Within that budget a job starts at once
+        (a small one is then done before this returns).
         """
         self._chores.append(work)
-        if len(self._chores) == 1 and self._choreCall is None:
-            self._runChores()
+        if self._choresSpent < CHUNK_BUDGET and not self._choresRunning:
+            self._runChores(CHUNK_BUDGET - self._choresSpent)
 
-    def _runChores(self) -> None:
+    def _nextChores(self) -> None:
         self._choreCall = None
-        budget = CHUNK_BUDGET
+        self._choresSpent = 0
+        if self._chores:
+            self._runChores(CHUNK_BUDGET)
+
+    def _runChores(self, budget: int) -> None:
+        spent = 0
         outer = self.openTurn()
+        self._choresRunning = True
         try:
-            while self._chores and budget > 0:
+            while self._chores and spent < budget:
                 work = self._chores[0]
                 try:
                     for _ in work:
-                        budget -= 1
-                        if budget <= 0:
+                        spent += 1
+                        if spent >= budget:
                             break
                     else:
                         self._chores.popleft()
@@ -583,10 +596,13 @@ class LockService(Service):
                     self._chores.popleft()
                     self._internalError("background work")
         finally:
+            self._choresRunning = False
+            self._choresSpent += spent
             if outer:
                 self.closeTurn()
-            if self._chores and self._choreCall is None:
-                self._choreCall = self.clock.callLater(0, self._runChores)
+            # The next reactor turn resets the budget (and goes on).
+            if self._choreCall is None:
+                self._choreCall = self.clock.callLater(0, self._nextChores)
 
     # -- answers gathered per reactor turn -----------------------------
 
@@ -695,6 +711,8 @@ class LockService(Service):
         return live
 
     def _nextLease(self) -> Optional[float]:
+        if self._leaseBacklog:
+            return 0.0  # due already: the next reactor turn
         order = self._leaseOrder
         while order:
             bucket = order[0]
@@ -742,8 +760,12 @@ class LockService(Service):
         budget = TIMER_BUDGET
         outer = self.openTurn()
         try:
-            # Filed back after the loop (not due yet, or over the budget):
-            # filing them at once would bring their bucket up again.
+            backlog = self._leaseBacklog
+            while backlog and budget:
+                budget -= 1
+                self._expireDue(backlog.popleft(), now)
+            # Not due yet: filed back after the loop (filing them at once
+            # would bring their bucket up again).
             later: List[bytes] = []
             while order and order[0] <= last and budget:
                 bucket = heappop(order)
@@ -757,17 +779,10 @@ class LockService(Service):
                         later.append(key)
                 # The same order as one heap of (deadline, key) would give.
                 due.sort(key=lambda k: (cast(Holder, holder(k)).expiresAt, k))
-                later.extend(due[budget:])
+                backlog.extend(due[budget:])
                 for key in due[:budget]:
                     budget -= 1
-                    h = holder(key)
-                    if h is None:
-                        continue
-                    try:
-                        self._expire(key, h.token, now)
-                    except Exception:
-                        # One bad hand-over must not stop every later expiry.
-                        self._internalError("lease expiry")
+                    self._expireDue(key, now)
             for key in later:
                 h = holder(key)
                 if h is not None:
@@ -775,6 +790,16 @@ class LockService(Service):
         finally:
             if outer:
                 self.closeTurn()
+
+    def _expireDue(self, key: bytes, now: float) -> None:
+        holder = self.table.holder(key)
+        if holder is None:
+            return
+        try:
+            self._expire(key, holder.token, now)
+        except Exception:
+            # One bad hand-over must not stop every later expiry.
+            self._internalError("lease expiry")
 
     def _expire(self, key: bytes, token: int, now: float) -> None:
         holder = self.table.holder(key)
@@ -796,6 +821,7 @@ class LockService(Service):
         self._leaseBuckets = {}
         self._leaseOrder = []
         self._leaseEntries = 0
+        self._leaseBacklog.clear()
         for key, holder in self.table.holders():
             self._fileLease(key, holder.expiresAt)
         if not self._leaseAlarm.firing:
@@ -805,6 +831,7 @@ class LockService(Service):
         self._leaseBuckets = {}
         self._leaseOrder = []
         self._leaseEntries = 0
+        self._leaseBacklog.clear()
         self._leaseAlarm.cancel()
 
     def _takeWaiters(self) -> List[PendingAcquire]:
