@@ -354,7 +354,10 @@ def test_the_successor_takes_over_only_from_its_leader() -> None:
 
 def test_a_syncing_node_with_a_mismatched_peer_does_not_promote() -> None:
     lab = Lab(me=1)
+    # What answers on node 0's address fails our proof, and node 0 dials
+    # us and fails too: a node with another secret.
     lab.cluster.handshakeFailed(0, outbound=True, why="secret mismatch")
+    lab.cluster.handshakeFailed(0, outbound=False, why="secret mismatch", source="10.0.0.1:5")
     lab.clock.advance(2.5)
     lab.cluster.tick()
     assert lab.cluster.role == SYNCING
@@ -455,3 +458,15 @@ def test_a_fresh_active_waits_for_a_syncing_peer_to_subscribe() -> None:
     assert lab.ask(b"A k 30 0") == b"M A k *\n"
     lab.hear(peer, b"SYNC", b"HB %d syncing 0 0" % lab.cluster.term)
     assert lab.ask(b"A k 30 0").startswith(b"A k ")
+
+
+def test_a_stranger_squatting_a_dead_peers_port_does_not_block_promotion() -> None:
+    lab = Lab(me=1)
+    # Something on node 0's address answers our HELLO with a wrong proof
+    # (over and over), but nothing claiming to be node 0 ever dials us.
+    for _ in range(30):
+        lab.cluster.handshakeFailed(0, outbound=True, why="secret mismatch")
+        lab.clock.advance(0.1)
+        lab.cluster.tick()
+    assert lab.cluster.role == ACTIVE
+    assert not lab.cluster.views[0].secretMismatch

@@ -104,6 +104,7 @@ class Links:
         self.mismatch: Dict[int, float] = {}
         self.mismatchSeen: Set[int] = set()
         self.claimsSeen: Set[Tuple[int, str]] = set()
+        self.claimedMismatch: Dict[int, float] = {}
         self._services: List[ClientService] = []
 
     # -- lifecycle ---------------------------------------------------------
@@ -160,16 +161,26 @@ class Links:
 
     def secretMismatch(self, j: int) -> bool:
         """
-        True while peer C{j} keeps failing our handshakes with a wrong secret.
+        True while peer C{j} keeps failing our handshakes with a wrong secret:
+        what answers on its address fails our proof, and something claiming
+        to be it dials us and fails too.  A node with another secret does
+        both (it dials every peer); a stranger that only squats a dead
+        peer's port and answers junk proves nothing and blocks nobody.
         """
-        return self.clock.seconds() - self.mismatch.get(j, -inf) <= 3 * self.peerTimeout + 1
+        now = self.clock.seconds()
+        window = 3 * self.peerTimeout + 1
+        return (now - self.mismatch.get(j, -inf) <= window
+                and now - self.claimedMismatch.get(j, -inf) <= window)
 
     # -- channel events (from the node) ------------------------------------
 
     def handshakeFailed(self, j: int, outbound: bool, why: str, source: str = "") -> None:
         if not outbound:
             # Anyone can claim any identity in a HELLO: log the claim and
-            # its source (once per claimed peer and source host), nothing more.
+            # its source (once per claimed peer and source host).  It only
+            # counts together with a mismatch on our own link to the peer's
+            # address (see secretMismatch).
+            self.claimedMismatch[j] = self.clock.seconds()
             host = source.rpartition(":")[0]
             if (j, host) not in self.claimsSeen:
                 if len(self.claimsSeen) >= 1000:

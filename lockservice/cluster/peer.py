@@ -167,9 +167,13 @@ class PeerChannel:
             self.send(b"CHALLENGE " + self._nonce + b" " + self._proof(b"challenge"))
             self._step = "auth"
         elif self._step == "auth":
+            # A wrong AUTH, or the refusal of a node that found our proof
+            # wrong (its "E" line): either way the claimed peer does not
+            # share our secret.
+            answered = fields[0] in (b"AUTH", b"E")
             proven = len(fields) == 2 and fields[0] == b"AUTH"
             if not proven or not hmac.compare_digest(fields[1], self._proof(b"auth")):
-                return self._refuse(b"peer authentication failed", mismatch=proven)
+                return self._refuse(b"peer authentication failed", mismatch=answered)
             self.send(b"WELCOME " + self._proof(b"welcome"))
             self._authenticated()
         elif self._step == "challenge":
