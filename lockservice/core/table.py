@@ -118,17 +118,8 @@ class WaitQueue:
         """
         Unlink C{waiter}, which must be in this queue: O(1).
         """
-        before, after = waiter.prev, waiter.next
-        if before is None:
-            self.head = after
-        else:
-            before.next = after
-        if after is None:
-            self.tail = before
-        else:
-            after.prev = before
+        self.cut(waiter, waiter, 1)
         waiter.prev = waiter.next = None
-        self.length -= 1
 
     def cut(self, first: Waiter, last: Waiter, count: int) -> None:
         """

@@ -469,19 +469,7 @@ class LockService(Service):
             self.stats.releasesStale += 1
             reply(wire.released(key, False))
             return
-        heldFor = now - holder.grantedAt
-        owner = holder.owner
-        orphans: List[Waiter] = []
-        self._passGone(key)
-        try:
-            _, grant = self.table.release(key, token, now)
-        except HandOverFailed as e:
-            grant, orphans = None, e.waiters
-        # The table no longer holds `token` here, whatever happened.
-        self.stats.releasesOk += 1
-        self._dropped(key, token, heldFor, expired=False, owner=owner, now=now)
-        reply(wire.released(key, True))
-        self._afterHandOver(grant, orphans, now)
+        self._takeBack(key, holder, now, expired=False, reply=reply)
 
     def renew(self, key: bytes, token: int, lease: float,
               reply: Callable[[bytes], object]) -> None:
@@ -805,16 +793,34 @@ class LockService(Service):
         holder = self.table.holder(key)
         if holder is None or holder.token != token or holder.expiresAt > now:
             return  # released, renewed, handed over or re-installed since
+        self._takeBack(key, holder, now, expired=True)
+
+    def _takeBack(self, key: bytes, holder: Holder, now: float, expired: bool,
+                  reply: Optional[Callable[[bytes], object]] = None) -> None:
+        """
+        End C{holder}'s grant of C{key} (a release, or an expiry) and hand
+        the key to its next live waiter.  C{reply} hears a release's answer
+        after the change went to the observers (replication) and before the
+        next waiter hears of its grant.
+        """
+        token = holder.token
         heldFor = now - holder.grantedAt
         owner = holder.owner
         orphans: List[Waiter] = []
         self._passGone(key)
+        takeBack = self.table.expire if expired else self.table.release
         try:
-            _, grant = self.table.expire(key, token, now)
+            _, grant = takeBack(key, token, now)
         except HandOverFailed as e:
             grant, orphans = None, e.waiters
-        self.stats.expirations += 1
-        self._dropped(key, token, heldFor, expired=True, owner=owner, now=now)
+        # The table no longer holds `token` here, whatever happened.
+        if expired:
+            self.stats.expirations += 1
+        else:
+            self.stats.releasesOk += 1
+        self._dropped(key, token, heldFor, expired=expired, owner=owner, now=now)
+        if reply is not None:
+            reply(wire.released(key, True))
         self._afterHandOver(grant, orphans, now)
 
     def _armAllLeases(self) -> None:
