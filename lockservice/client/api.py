@@ -33,7 +33,7 @@ from typing import (
     Union,
 )
 
-from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
+from twisted.internet.defer import CancelledError, Deferred, gatherResults, maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
@@ -672,12 +672,7 @@ class LockClient:
         for stop in stopping:
             stop(_GaveUp("client closed"))
         lost = [d for pool in self.pools for d in pool.close()]
-
-        async def all_lost() -> None:
-            for d in lost:
-                await d
-
-        return Deferred.fromCoroutine(all_lost())
+        return gatherResults(lost, consumeErrors=True).addCallback(lambda _: None)
 
 
 class _Retried:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 
@@ -227,12 +227,7 @@ class Cluster(Service):
         self.handoffs.stop()
         self.stream.flush()
         stopping = self.links.stop()
-
-        async def allStopped() -> None:
-            for d in stopping:
-                await d
-
-        return Deferred.fromCoroutine(allStopped())
+        return gatherResults(stopping, consumeErrors=True).addCallback(lambda _: None)
 
     # -- heartbeats and liveness -----------------------------------------------
 

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
@@ -623,8 +623,7 @@ class Chaos:
             while now() < end:
                 await self.sleep(0.2)
             self.stopping = True
-            for d in workers:
-                await d
+            await gatherResults(workers, consumeErrors=True)
         finally:
             await self.tearDown()
         return self.report()
