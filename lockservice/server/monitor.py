@@ -241,14 +241,8 @@ class Monitor:
         self._role = role
         self._held.clear()
         self._longNow = 0
-        self._due.clear()
         self.graph.clear()
-        if self._alarm is not None and self._alarm.active():
-            self._alarm.cancel()
-        self._alarm = None
-        if self._checking is not None and self._checking.active():
-            self._checking.cancel()
-        self._checking = None
+        self.stop()  # timers and long-hold deadlines start again from here
         if role != ACTIVE:
             return
         # Holders from before are unknown to the wait-for graph (it knows
