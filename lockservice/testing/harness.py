@@ -252,6 +252,9 @@ class Cluster:
     Nodes on free loopback ports, listed in priority order.
     """
 
+    # Seconds each node has to answer P once all are started.
+    readyTimeout = 15.0
+
     def __init__(self, size: int, args: Sequence[str] = (), logDir: Optional[str] = None) -> None:
         self.ports = freePorts(size)
         self.logDir = logDir or tempfile.mkdtemp(prefix="lockservice-cluster-")
@@ -264,7 +267,7 @@ class Cluster:
         for node in self.nodes:
             node.start(wait=False)
         for node in self.nodes:
-            node.waitReady()
+            node.waitReady(self.readyTimeout)
         return self
 
     def stop(self) -> None:

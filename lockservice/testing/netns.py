@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from typing import List, Optional, Sequence
 
-from lockservice.testing.harness import Node
+from lockservice.testing.harness import Cluster, Node, freePort
 
 
 def unavailable() -> Optional[str]:
@@ -164,29 +164,16 @@ class Lab:
             self._iptables(k, "-F", "OUTPUT")
 
 
-class LabCluster:
+class LabCluster(Cluster):
     """
-    A cluster of nodes, one per namespace of C{lab}, shaped like
-    L{lockservice.testing.harness.Cluster} (nodes, start, stop, addresses).
+    A L{lockservice.testing.harness.Cluster} with one node per namespace of
+    C{lab} (starting a node inside a namespace takes longer: 30 s to be
+    ready).
     """
+
+    readyTimeout = 30.0
 
     def __init__(self, lab: Lab, logDir: str, args: Sequence[str] = ()) -> None:
-        from lockservice.testing.harness import freePort
-
         self.lab = lab
         self.logDir = logDir
         self.nodes = lab.nodes(freePort(), logDir, args)
-
-    def start(self) -> "LabCluster":
-        for node in self.nodes:
-            node.start(wait=False)
-        for node in self.nodes:
-            node.waitReady(30)
-        return self
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-
-    def addresses(self) -> List[str]:
-        return [n.address for n in self.nodes]
