@@ -427,7 +427,8 @@ def makeService(config: Options) -> IService:
     from lockservice.server.monitor import Monitor
 
     # Always on: long holds and deadlocks are logged even without --http.
-    monitor = Monitor(reactor, warnHold=config["warn-hold"])  # type: ignore[arg-type]
+    monitor = Monitor(reactor, locks.table.clientOf,  # type: ignore[arg-type]
+                      warnHold=config["warn-hold"])
     locks.activity.append(monitor)
     cluster = None
     if len(config["peerList"]) > 1:

@@ -15,6 +15,7 @@ from lockservice.core.table import (
     MAX_TOKEN,
     HandOverFailed,
     LockTable,
+    StaleHolder,
     TokenExhausted,
     TokenIssuer,
     Waiter,
@@ -170,7 +171,10 @@ def test_holder_records_who_holds_it_at_every_grant() -> None:
     table.renew(b"k", first.token, 20.0, 1.0)
     assert holder.renewals == 1
     table.release(b"k", first.token, 2.0)
-    assert holder.owner == "bob" and holder.renewals == 0 and holder.waiting == 0
+    with pytest.raises(StaleHolder):  # a view shows one grant, which has ended
+        assert holder.owner is None
+    holder = table.holder(b"k")
+    assert holder and holder.owner == "bob" and holder.renewals == 0 and holder.waiting == 0
 
 
 def test_withdraw_from_the_middle_keeps_fifo_order() -> None:
@@ -233,6 +237,110 @@ def test_install_and_drop_mirror_replicated_holders() -> None:
     assert table.holder(b"k") is not None
     table.drop(b"k", 777)
     assert table.holder(b"k") is None
+
+
+class Client:
+    """
+    What a waiter stands for (the server's connection): shown by its name.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class ClientWaiter(Waiter):
+    __slots__ = ("conn",)
+
+    def __init__(self, key: bytes, lease: float, conn: Client) -> None:
+        super().__init__(key, lease)
+        self.conn = conn
+
+    def client(self) -> object:
+        return self.conn
+
+
+def test_a_released_slot_is_reused_and_a_view_of_the_old_grant_fails_loudly() -> None:
+    table, wall = makeTable()
+    alice, bob = Client("alice"), Client("bob")
+    first = table.acquire(ClientWaiter(b"a", 10.0, alice), 1.0)
+    assert first
+    old = table.holder(b"a")
+    assert old and old.client is alice and old.owner == "alice"
+    assert table.release(b"a", first.token, 2.0) == (True, None)
+    wall.micros += 1_000
+    second = table.acquire(ClientWaiter(b"b", 30.0, bob), 3.0)
+    assert second
+    assert table._keys[b"b"] == 0 and len(table._clients) == 1  # the same slot
+    # The old view must not read b's grant from the reused slot.
+    for name in ("grantedAt", "expiresAt", "client", "owner", "renewals", "queue", "waiting"):
+        with pytest.raises(StaleHolder):
+            getattr(old, name)
+    with pytest.raises(StaleHolder):
+        old.waiters()
+    with pytest.raises(StaleHolder):
+        old.expiresAt = 99.0
+    new = table.holder(b"b")
+    assert new and (new.token, new.grantedAt, new.expiresAt) == (second.token, 3.0, 33.0)
+    assert new.client is bob and new.owner == "bob" and new.renewals == 0
+    assert table.holder(b"a") is None and table.grantOf(b"a") is None
+    # The same key taken again is a new grant too: the old view stays stale.
+    table.release(b"b", second.token, 4.0)
+    assert table.acquire(ClientWaiter(b"a", 10.0, alice), 5.0)
+    with pytest.raises(StaleHolder):
+        assert old.grantedAt is None
+
+
+def test_renewals_and_waiters_never_leak_into_a_reused_slot() -> None:
+    table, _ = makeTable()
+    alice, bob, carol = Client("alice"), Client("bob"), Client("carol")
+    grant = table.acquire(ClientWaiter(b"a", 10.0, alice), 0.0)
+    assert grant
+    table.renew(b"a", grant.token, 10.0, 1.0)
+    table.renew(b"a", grant.token, 10.0, 2.0)
+    late = ClientWaiter(b"a", 10.0, carol)
+    assert table.acquire(late, 2.0) is None
+    assert table.withdraw(late)  # the queue goes, the renewals stay
+    held = table.holder(b"a")
+    assert held and held.renewals == 2 and held.waiting == 0
+    table.release(b"a", grant.token, 3.0)
+    # b takes a's slot: none of a's renewals, queue or client.
+    grant = table.acquire(ClientWaiter(b"b", 10.0, bob), 4.0)
+    assert grant and table._keys[b"b"] == 0
+    held = table.holder(b"b")
+    assert held and (held.renewals, held.waiting, held.queue, held.client) == (0, 0, None, bob)
+    # Waiters and renewals on the reused slot, then a hand-over.
+    waiter = ClientWaiter(b"b", 20.0, carol)
+    assert table.acquire(waiter, 4.0) is None
+    renewed = table.renew(b"b", grant.token, 10.0, 5.0)
+    assert renewed and renewed.renewals == 1 and list(renewed.waiters()) == [waiter]
+    ok, handed = table.release(b"b", grant.token, 6.0)
+    assert ok and handed and handed.waiter is waiter
+    held = table.holder(b"b")
+    assert held and (held.token, held.client, held.renewals, held.waiting) == (
+        handed.token, carol, 0, 0)
+    assert (held.grantedAt, held.expiresAt) == (6.0, 26.0)
+    assert table.renew(b"b", handed.token, 10.0, 7.0)
+    assert table.holder(b"b").renewals == 1  # type: ignore[union-attr]
+    # Released: the slot is free again and holds nobody.
+    table.release(b"b", handed.token, 8.0)
+    assert list(table._free) == [0] and table._clients == [None] and len(table) == 0
+
+
+def test_mirrored_holders_reuse_slots_and_have_no_client() -> None:
+    table, _ = makeTable(1)
+    for i, key in enumerate((b"x", b"y", b"z")):
+        table.install(key, 100 + i, 0.0, 10.0 + i)
+    table.drop(b"y", 101)
+    table.install(b"w", 200, 1.0, 50.0)
+    assert table._keys[b"w"] == 1 and len(table._clients) == 3
+    assert table.grantOf(b"w") == (200, 1.0, 50.0)
+    assert table.clientOf(b"w") is None and table.ownerOf(b"w") is None
+    assert sorted(table.grants()) == [
+        (b"w", 200, 1.0, 50.0), (b"x", 100, 0.0, 10.0), (b"z", 102, 0.0, 12.0)]
+    table.install(b"x", 300, 2.0, 60.0)  # a new grant of x
+    assert table.grantOf(b"x") == (300, 2.0, 60.0)
+    table.clear()
+    assert len(table) == 0 and table.grantOf(b"w") is None and table._clients == []
 
 
 def test_take_waiters_keeps_holders() -> None:
@@ -349,12 +457,32 @@ class Model:
             self.wall.micros = max(0, self.wall.micros + a)  # type: ignore[operator]
 
 
+    def check(self) -> None:
+        """
+        The table says what the model says, key by key, and its slots add
+        up: every slot is either one held key's or free, never both.
+        """
+        table = self.table
+        for key in KEYS:
+            held = self.holding[key]
+            grant = table.grantOf(key)
+            assert (grant[0], grant[2]) == held if grant else held is None
+            waiting = [i for i in self.queueOrder[key] if self.fate[i] == "waiting"]
+            assert table.queueLength(key) == len(waiting)
+        used = set(table._keys.values())
+        free = set(table._free)
+        assert len(used) == len(table) and len(free) == len(table._free)
+        assert not used & free and used | free == set(range(len(table._clients)))
+        assert all(table._clients[slot] is None for slot in free)
+
+
 @settings(max_examples=300, deadline=None)
 @given(operations)
 def test_random_sequences_keep_the_invariants(ops: List[Tuple[str, object, object]]) -> None:
     model = Model()
     for op in ops:
         model.run(*op)
+        model.check()
     # Run out every lease: every waiter must end granted or dropped.
     for _ in range(len(model.waiters) + 1):
         model.now += 10

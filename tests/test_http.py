@@ -62,7 +62,8 @@ def withMonitor(node: ProtocolNode, **kw: Any) -> Tuple[StubTreq, Monitor]:
     The resources with a monitor whose wall clock is 1.7e9 + the node's clock.
     """
     clock = node.clock
-    monitor = Monitor(clock, wallTime=lambda: 1_700_000_000.0 + clock.seconds())
+    monitor = Monitor(clock, node.service.table.clientOf,
+                      wallTime=lambda: 1_700_000_000.0 + clock.seconds())
     node.service.activity.append(monitor)
     return StubTreq(makeRoot(node.service, None, monitor, **kw)), monitor
 

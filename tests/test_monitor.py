@@ -5,7 +5,7 @@ force-release, driven through its observer interface with a task.Clock.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 from twisted.internet.task import Clock
@@ -55,7 +55,8 @@ def log() -> Iterator[List[str]]:
     messages: List[str] = []
 
     def observer(event: LogEvent) -> None:
-        if event.get("log_namespace", "").startswith("lockservice.server.monitor"):
+        # The monitor's, or its subclass's here (TableMonitor).
+        if event.get("log_namespace", "").startswith(("lockservice.server.monitor", __name__)):
             messages.append(formatEvent(event))
 
     globalLogPublisher.addObserver(observer)
@@ -63,11 +64,37 @@ def log() -> Iterator[List[str]]:
     globalLogPublisher.removeObserver(observer)
 
 
+class TableMonitor(Monitor):
+    """
+    A monitor over a table of holders of its own, kept from what it is
+    told the way the lock table is: changed first, then the monitor told.
+    """
+
+    def __init__(self, clock: Clock, **kw: Any) -> None:
+        self.held: Dict[bytes, object] = {}
+        super().__init__(clock, self.held.get, **kw)
+
+    def granted(self, now: float, key: bytes, token: int, owner: Optional[str],
+                waiter: Optional[Waiter], waited: float,  # type: ignore[override]
+                conn: Optional[Conn] = None) -> None:
+        holder = conn if conn is not None else getattr(waiter, "conn", None)
+        if holder is None:
+            self.held.pop(key, None)
+        else:
+            self.held[key] = holder
+        super().granted(now, key, token, owner, waiter, waited, conn)  # type: ignore[arg-type]
+
+    def dropped(self, now: float, key: bytes, token: int, owner: Optional[str],
+                heldFor: float, expired: bool) -> None:
+        self.held.pop(key, None)
+        super().dropped(now, key, token, owner, heldFor, expired)
+
+
 def monitor(warnHold: Optional[float] = None) -> Monitor:
     clock = Clock()
     clock.advance(1000)
-    return Monitor(clock, wallTime=lambda: 1_700_000_000.0 + clock.seconds(),
-                   warnHold=warnHold)
+    return TableMonitor(clock, wallTime=lambda: 1_700_000_000.0 + clock.seconds(),
+                        warnHold=warnHold)
 
 
 def types(m: Monitor) -> List[str]:
@@ -244,3 +271,59 @@ def test_promotion_starts_from_the_held_keys(log: List[str]) -> None:
     clock.advance(5)
     assert m.isLongHold(b"a", 7) and m.longHolds == 2
     assert log[-1] == "Long hold: a held by unknown (token 7) for more than 10 s"
+
+
+class ServiceConn(Conn):
+    """
+    A connection as the lock service sees it (no socket).
+    """
+
+    gone = False
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.answers: List[bytes] = []
+
+    def finish(self, waiter: object, answer: bytes) -> None:
+        self.answers.append(answer)
+
+    def flushAnswers(self) -> None:
+        pass
+
+
+def test_deadlock_through_the_lock_service_table(log: List[str]) -> None:
+    """
+    The monitor's graph reads who holds what from the service's table (the
+    connection kept with each grant), including a renamed connection, a
+    hand-over, and a key whose table slot was reused.
+    """
+    from lockservice.server.service import LockService, PendingAcquire
+
+    clock = Clock()
+    clock.advance(1000)
+    locks = LockService(clock, lambda: 1_000_000)
+    m = Monitor(clock, locks.table.clientOf)
+    locks.activity.append(m)
+    x, y, z = ServiceConn("x"), ServiceConn("y"), ServiceConn("z")
+
+    def acquire(conn: ServiceConn, key: bytes) -> Optional[int]:
+        answer = locks.acquire(PendingAcquire(key, 30.0, conn), 0.0)
+        return int(answer.split()[2]) if answer is not None else None
+
+    gone = acquire(z, b"gone")
+    assert gone is not None
+    locks.release(b"gone", gone, z.answers.append)
+    assert acquire(x, b"k1") is not None  # in the slot "gone" had
+    assert locks.table.clientOf(b"k1") is x
+    k2 = acquire(z, b"k2")
+    assert k2 is not None and acquire(y, b"k2") is None
+    locks.release(b"k2", k2, z.answers.append)  # handed over to y
+    assert locks.table.clientOf(b"k2") is y
+    x.name = "x-renamed"  # I x-renamed
+    assert acquire(x, b"k2") is None
+    assert acquire(y, b"k1") is None
+    assert log == []
+    clock.advance(0)
+    assert log == ["Deadlock: y waits for k1 (held by x-renamed) -> "
+                   "x-renamed waits for k2 (held by y)"]
+    assert locks.table.ownerOf(b"k1") == "x-renamed"

@@ -551,7 +551,11 @@ def test_identify_names_holders_and_waiters(node: Node) -> None:
     assert waiter.conn.name == "192.168.1.1:54321"  # type: ignore[attr-defined]
     assert b.ask(b"I payroll") == b"I payroll\n"
     a.ask(b"R k " + token(0))
-    assert k.owner == "payroll"
+    k = node.service.table.holder(b"k")  # the grant to b (a view shows one grant)
+    assert k is not None and k.owner == "payroll"
+    # Holders are shown by their connection's current name.
+    assert a.ask(b"I billing-worker-4") == b"I billing-worker-4\n"
+    assert node.service.table.ownerOf(b"j") == "billing-worker-4"
 
 
 def test_identify_is_answered_by_a_standby(node: Node) -> None:

@@ -6,9 +6,32 @@ objects (the server passes connections); here, strings.
 from __future__ import annotations
 
 import time
-from typing import List
+from typing import Any, Dict, List, Optional
 
-from lockservice.core.waitfor import Cycle, WaitForGraph
+from lockservice.core.table import LockTable, TokenIssuer, Waiter, nameOf
+from lockservice.core.waitfor import Client, Cycle, WaitForGraph
+
+
+class TableGraph(WaitForGraph):
+    """
+    A graph over a table of holders of its own, changed the way the lock
+    table is: first the table, then the graph is told (C{hold}/C{unhold}).
+    """
+
+    def __init__(self, **kw: Any) -> None:
+        self.held: Dict[bytes, Client] = {}
+        super().__init__(self.held.get, **kw)
+
+    def hold(self, key: bytes, who: Optional[Client]) -> None:
+        if who is None:
+            self.held.pop(key, None)
+        else:
+            self.held[key] = who
+        super().hold(key, who)
+
+    def unhold(self, key: bytes) -> None:
+        self.held.pop(key, None)
+        super().unhold(key)
 
 
 def drain(g: WaitForGraph, now: float = 0.0) -> List[Cycle]:
@@ -19,7 +42,7 @@ def drain(g: WaitForGraph, now: float = 0.0) -> List[Cycle]:
 
 
 def test_cycle_of_two() -> None:
-    g = WaitForGraph()
+    g = TableGraph()
     g.hold(b"k1", "x")
     g.hold(b"k2", "y")
     g.wait(b"k2", "x")
@@ -37,7 +60,7 @@ def test_cycle_of_three_closed_by_a_grant() -> None:
     """
     The last edge of the cycle is a hand-over, not a new wait.
     """
-    g = WaitForGraph()
+    g = TableGraph()
     g.hold(b"a", "x")
     g.hold(b"b", "y")
     g.hold(b"c", "old")
@@ -55,7 +78,7 @@ def test_cycle_of_three_closed_by_a_grant() -> None:
 
 
 def test_no_false_cycle_after_a_waiter_is_withdrawn() -> None:
-    g = WaitForGraph()
+    g = TableGraph()
     g.hold(b"k1", "x")
     g.hold(b"k2", "y")
     g.wait(b"k2", "x")
@@ -68,7 +91,7 @@ def test_withdrawn_before_the_check_runs() -> None:
     """
     A wait that closes a cycle and ends before the check runs is no cycle.
     """
-    g = WaitForGraph()
+    g = TableGraph()
     g.hold(b"k1", "x")
     g.hold(b"k2", "y")
     g.wait(b"k2", "x")
@@ -78,7 +101,7 @@ def test_withdrawn_before_the_check_runs() -> None:
 
 
 def test_cycle_forgotten_when_broken_and_reported_again_when_it_reforms() -> None:
-    g = WaitForGraph()
+    g = TableGraph()
     g.hold(b"k1", "x")
     g.hold(b"k2", "y")
     g.wait(b"k2", "x")
@@ -103,7 +126,7 @@ def test_one_report_per_set_of_clients() -> None:
     once, kept while any of their mutual waits lasts, with its keys
     following the waits that remain.
     """
-    g = WaitForGraph()
+    g = TableGraph()
     for i in range(100):
         g.hold(b"x%03d" % i, "x")
         g.hold(b"y%03d" % i, "y")
@@ -123,7 +146,7 @@ def test_one_report_per_set_of_clients() -> None:
 
 
 def test_self_wait_and_unknown_holders_are_not_cycles() -> None:
-    g = WaitForGraph()
+    g = TableGraph()
     g.hold(b"k", "x")
     g.wait(b"k", "x")
     g.hold(b"r", None)  # replicated grant: holder unknown
@@ -141,7 +164,7 @@ def test_clients_are_identities_not_names() -> None:
             self.name = name
 
     a1, a2, b = Conn("nA"), Conn("nA"), Conn("nB")
-    g = WaitForGraph()
+    g = TableGraph()
     g.hold(b"k1", a1)
     g.hold(b"k2", b)
     g.wait(b"k2", a1)
@@ -161,14 +184,14 @@ def test_search_is_bounded() -> None:
     A long chain is not searched beyond maxSearch edges: no cycle is
     reported, and the call returns.
     """
-    g = WaitForGraph(maxSearch=50)
+    g = TableGraph(maxSearch=50)
     for i in range(200):
         g.hold(b"k%d" % i, f"c{i}")
         g.wait(b"k%d" % (i + 1), f"c{i}")
     g.hold(b"k200", "c200")
     g.wait(b"k0", "c200")
     assert drain(g) == []
-    g2 = WaitForGraph()
+    g2 = TableGraph()
     for i in range(200):
         g2.hold(b"k%d" % i, f"c{i}")
         g2.wait(b"k%d" % (i + 1), f"c{i}")
@@ -185,7 +208,7 @@ def test_check_work_is_bounded_per_call() -> None:
     about its budget of edges; the one deadlock is reported once.
     """
     m = 4000
-    g = WaitForGraph()
+    g = TableGraph()
     for i in range(m):
         g.hold(b"a%d" % i, "A")
         g.hold(b"b%d" % i, "B")
@@ -208,7 +231,7 @@ def test_check_work_is_bounded_per_call() -> None:
 
 
 def test_listing_is_bounded() -> None:
-    g = WaitForGraph(maxCycles=3)
+    g = TableGraph(maxCycles=3)
     for i in range(5):
         x, y = f"x{i}", f"y{i}"
         g.hold(b"p%d" % i, x)
@@ -217,3 +240,53 @@ def test_listing_is_bounded() -> None:
         g.wait(b"p%d" % i, y)
     assert len(drain(g)) == 3
     assert len(g.cycles) == 3 and g.unlisted >= 2  # found, not kept
+
+
+class Conn:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class ConnWaiter(Waiter):
+    __slots__ = ("conn",)
+
+    def __init__(self, key: bytes, conn: Conn) -> None:
+        super().__init__(key, 30.0)
+        self.conn = conn
+
+    def client(self) -> object:
+        return self.conn
+
+
+def test_cycle_found_through_the_lock_tables_holders() -> None:
+    """
+    The graph keeps no holders: it asks the lock table (C{holderOf}), whose
+    slots are reused.  A key that took a released key's slot shows its own
+    holder, never the one before.
+    """
+    table = LockTable(TokenIssuer(lambda: 1))
+    g = WaitForGraph(table.clientOf)
+    x, y, z = Conn("x"), Conn("y"), Conn("z")
+
+    def acquire(key: bytes, who: Conn) -> Optional[int]:
+        grant = table.acquire(ConnWaiter(key, who), 0.0)
+        if grant is None:
+            g.wait(key, who)
+            return None
+        g.hold(key, who)
+        return grant.token
+
+    old = acquire(b"k0", x)
+    acquire(b"k2", y)
+    assert old is not None and table.release(b"k0", old, 0.0) == (True, None)
+    g.unhold(b"k0")
+    acquire(b"k3", z)  # in k0's slot
+    assert table._keys[b"k3"] == 0
+    acquire(b"k3", y)  # y waits for k3, held by z (not x)
+    acquire(b"k2", x)  # x waits for k2, held by y: no cycle with x
+    assert drain(g) == [] and g.cycles == {}
+    acquire(b"k2", z)  # z waits for k2, held by y, who waits for z
+    [cycle] = drain(g, 1.0)
+    assert set(cycle.clients) == {y, z}
+    assert cycle.describe(lambda c: str(nameOf(c))) == (
+        "z waits for k2 (held by y) -> y waits for k3 (held by z)")

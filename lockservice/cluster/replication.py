@@ -92,15 +92,18 @@ class SnapshotProducer:
         if self.stopped:
             return
         cluster = self.stream.cluster
-        holderOf = cluster.locks.table.holder
+        # The keys were copied at the start; each one's grant is read now
+        # (it may have ended or changed since).
+        grantOf = cluster.locks.table.grantOf
         now = cluster.clock.seconds()
         lines: List[bytes] = []
         end = self.index + SNAPSHOT_CHUNK
         for key in self.keys[self.index:end]:
-            holder = holderOf(key)
-            if holder is not None:
-                lines.append(b"H %s %d %d %d" % (key, holder.token, _us(holder.expiresAt - now),
-                                                 _us(now - holder.grantedAt)))
+            grant = grantOf(key)
+            if grant is not None:
+                token, grantedAt, expiresAt = grant
+                lines.append(b"H %s %d %d %d" % (key, token, _us(expiresAt - now),
+                                                 _us(now - grantedAt)))
         self.index = end
         done = self.index >= len(self.keys)
         if done:
@@ -184,7 +187,7 @@ class Stream:
         channel.synced = False
         channel.send(b"SNAP %d %d" % (self.cluster.term, locks.lastToken()))
         channel.replicating = True
-        producer = SnapshotProducer(self, channel, [key for key, _ in locks.heldKeys()])
+        producer = SnapshotProducer(self, channel, locks.table.keys())
         channel.snapshot = producer
         channel.transport.registerProducer(producer, False)  # type: ignore[attr-defined]
         self.cluster.gate()  # a new active may be waiting for this subscriber
@@ -210,8 +213,8 @@ class Stream:
         """
         now = self.cluster.clock.seconds()
         lines = [
-            b"MERGE %s %d %d %d" % (key, h.token, _us(h.expiresAt - now), _us(now - h.grantedAt))
-            for key, h in self.cluster.locks.heldKeys()
+            b"MERGE %s %d %d %d" % (key, token, _us(expiresAt - now), _us(now - grantedAt))
+            for key, token, grantedAt, expiresAt in self.cluster.locks.table.grants()
         ]
         if lines:
             channel.transport.write(b"\n".join(lines) + b"\n")
@@ -286,8 +289,8 @@ class Stream:
         key, token = fields[1], int(fields[2])
         if not cluster.plausible(j, token, "token"):
             return
-        holder = cluster.locks.table.holder(key)
-        if holder is not None and holder.token >= token:
+        held = cluster.locks.table.tokenOf(key)
+        if held is not None and held >= token:
             return  # on a conflict the higher token wins
         remaining, age = int(fields[3]) / 1e6, int(fields[4]) / 1e6
         cluster.locks.installHolder(key, token, remaining, age)

@@ -9,6 +9,7 @@ service around it owns the clock and arms the timers.
 
 from __future__ import annotations
 
+from array import array
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 MAX_TOKEN = 2**64 - 1
@@ -70,12 +71,20 @@ class Waiter:
         self.prev: Optional[Waiter] = None
         self.next: Optional[Waiter] = None
 
+    def client(self) -> object:
+        """
+        Who will hold the key if this waiter is granted: an opaque object
+        the table keeps with the grant (one per client, shared by all its
+        grants, so it costs no memory per key).  The service's waiters
+        give their connection; a bare waiter stands for itself.
+        """
+        return self
+
     def holderName(self) -> Optional[str]:
         """
-        Who will hold the key if this waiter is granted (recorded on the
-        L{Holder}); the service's waiters name their connection.
+        The name this waiter is shown by (L{nameOf} its client).
         """
-        return None
+        return nameOf(self.client())
 
 
 class WaitQueue:
@@ -146,100 +155,113 @@ class WaitQueue:
 
 class _Extra:
     """
-    What only some held keys need: a renewal count, a queue of waiters.
+    What only some held keys need besides their holder: a renewal count,
+    a queue of waiters.  Kept in the table's client list in place of the
+    bare client, for a key that was renewed or is waited for.
     """
 
-    __slots__ = ("renewals", "queue")
+    __slots__ = ("client", "renewals", "queue")
 
-    def __init__(self) -> None:
+    def __init__(self, client: object) -> None:
+        self.client = client
         self.renewals = 0
         self.queue: Optional[WaitQueue] = None
 
 
+class StaleHolder(LookupError):
+    """
+    A L{Holder} view was read after the grant it shows had ended (released,
+    expired, handed over): read the table again.
+    """
+
+
+def nameOf(client: object) -> Optional[str]:
+    """
+    The name a client is shown by: its C{name} now (a connection that
+    renames itself with C{I} is shown by its new name for every key it
+    holds), or None for an unknown client.
+    """
+    return getattr(client, "name", None) if client is not None else None
+
+
 class Holder:
     """
-    A held key: its current grant, and the FIFO queue of waiters.
+    A short-lived view of one grant of a held key, read from (and, for
+    C{expiresAt}, written to) the table.
 
-    The same object stays in the table while the key passes from grant to
-    grant; its fields change at each hand-over.  These attributes are
-    public (the status pages, events and deadlock detection read them):
+    A view follows one grant: once that grant has ended (released, expired
+    or handed over to a waiter), reading it raises L{StaleHolder} instead
+    of showing whatever the table holds for the key since.  Take a view,
+    read it, drop it; never keep one across reactor turns.
 
-    @ivar token: the fencing token of the current grant.
-    @ivar grantedAt: (monotonic) time of the current grant.
-    @ivar expiresAt: (monotonic) time its lease runs out; a renewal moves it.
-    @ivar owner: who holds it: the holding connection's name (sent with
-        C{I}) or its peer address, as one shared C{str} per connection, or
-        None when unknown (a grant learned by replication).
-    @ivar renewals: how many times the current grant was renewed.
-    @ivar queue: the waiters, or None when nobody waits.
+    @ivar key: the held key.
+    @ivar token: the fencing token of the grant.
     """
 
-    # A held key costs RSS: four slots (64 bytes with the GC header), the
-    # two times in one complex (one 32-byte object instead of two floats
-    # of 32 bytes each), and the renewal count and queue in an L{_Extra}
-    # made only for a key that was renewed or is waited for.
-    __slots__ = ("token", "_times", "owner", "_extra")
+    __slots__ = ("_table", "key", "token")
 
-    def __init__(
-        self, token: int, grantedAt: float, expiresAt: float, owner: Optional[str] = None
-    ) -> None:
+    def __init__(self, table: "LockTable", key: bytes, token: int) -> None:
+        self._table = table
+        self.key = key
         self.token = token
-        self._times = complex(grantedAt, expiresAt)
-        self.owner = owner
-        self._extra: Optional[_Extra] = None
+
+    def _slot(self) -> int:
+        table = self._table
+        slot = table._keys.get(self.key)
+        if slot is None or table._tokens[slot] != self.token:
+            raise StaleHolder(f"the grant {self.token} of {self.key!r} has ended")
+        return slot
+
+    def __repr__(self) -> str:
+        return f"<Holder {self.key!r} token {self.token}>"
 
     @property
     def grantedAt(self) -> float:
-        return self._times.real
+        """
+        (Monotonic) time of the grant.
+        """
+        return self._table._granted[self._slot()]
 
     @property
     def expiresAt(self) -> float:
-        return self._times.imag
+        """
+        (Monotonic) time its lease runs out; a renewal moves it.
+        """
+        return self._table._expires[self._slot()]
 
     @expiresAt.setter
     def expiresAt(self, expiresAt: float) -> None:
-        self._times = complex(self._times.real, expiresAt)
+        self._table._expires[self._slot()] = expiresAt
 
-    def regrant(self, token: int, grantedAt: float, expiresAt: float,
-                owner: Optional[str]) -> None:
+    @property
+    def client(self) -> object:
         """
-        The key passes to a new grant: its renewal count starts again.
+        Who holds it: the opaque client its waiter stood for (the server's
+        connection), or None when unknown (a grant learned by replication).
         """
-        self.token = token
-        self._times = complex(grantedAt, expiresAt)
-        self.owner = owner
-        extra = self._extra
-        if extra is not None:
-            extra.renewals = 0
-            if extra.queue is None:
-                self._extra = None
+        return self._table._clientAt(self._slot())
+
+    @property
+    def owner(self) -> Optional[str]:
+        """
+        The holder's name as shown: L{nameOf} its C{client}, now.
+        """
+        return nameOf(self.client)
 
     @property
     def renewals(self) -> int:
-        extra = self._extra
-        return extra.renewals if extra is not None else 0
-
-    def renewed(self) -> None:
-        extra = self._extra
-        if extra is None:
-            extra = self._extra = _Extra()
-        extra.renewals += 1
+        """
+        How many times the grant was renewed.
+        """
+        extra = self._table._clients[self._slot()]
+        return extra.renewals if type(extra) is _Extra else 0
 
     @property
     def queue(self) -> Optional[WaitQueue]:
-        extra = self._extra
-        return extra.queue if extra is not None else None
-
-    @queue.setter
-    def queue(self, queue: Optional[WaitQueue]) -> None:
-        extra = self._extra
-        if extra is None:
-            if queue is None:
-                return
-            extra = self._extra = _Extra()
-        extra.queue = queue
-        if queue is None and not extra.renewals:
-            self._extra = None
+        """
+        The waiters, or None when nobody waits.
+        """
+        return self._table._queueAt(self._slot())
 
     def waiters(self) -> Iterator[Waiter]:
         """
@@ -295,27 +317,175 @@ class LockTable:
     A key has an entry only while it is held; a free key with waiters never
     exists because a release or expiry hands the key straight to the first
     waiter.  Every operation costs O(1) whatever the queue lengths.
+
+    Held keys are stored as a structure of arrays, because a held key's
+    memory is what limits how many a node can hold: C{_keys} maps each key
+    to a slot number, and slot C{i} of three typed arrays holds its token
+    and times (unboxed, 24 bytes) and slot C{i} of one list its client, or
+    an L{_Extra} (client, renewals, queue) for the few keys that were
+    renewed or are waited for.  A released key's slot goes to a free list
+    and is reused by the next new key.  Nothing here is made per held key
+    but its dict entry and slot number, and nothing per key is tracked by
+    the garbage collector (a full collection does not walk a million held
+    keys).  L{holder} gives a short-lived L{Holder} view of one grant.
     """
 
     def __init__(self, tokens: TokenIssuer) -> None:
         self.tokens = tokens
-        self._keys: Dict[bytes, Holder] = {}
+        self._keys: Dict[bytes, int] = {}
+        self._tokens = array("Q")
+        self._granted = array("d")
+        self._expires = array("d")
+        self._clients: List[object] = []
+        self._free = array("q")
         self.waiterCount = 0
+
+    # -- slots -------------------------------------------------------------
+
+    def _newSlot(self, token: int, grantedAt: float, expiresAt: float, client: object) -> int:
+        free = self._free
+        if free:
+            slot = free.pop()
+            self._tokens[slot] = token
+            self._granted[slot] = grantedAt
+            self._expires[slot] = expiresAt
+            self._clients[slot] = client
+            return slot
+        self._tokens.append(token)
+        self._granted.append(grantedAt)
+        self._expires.append(expiresAt)
+        self._clients.append(client)
+        return len(self._clients) - 1
+
+    def _freeSlot(self, key: bytes, slot: int) -> None:
+        del self._keys[key]
+        self._clients[slot] = None  # let the client (a closed connection) go
+        self._free.append(slot)
+
+    def _regrant(self, slot: int, token: int, grantedAt: float, expiresAt: float,
+                 client: object) -> None:
+        """
+        The key of C{slot} passes to a new grant: its renewal count starts
+        again, its queue stays.
+        """
+        self._tokens[slot] = token
+        self._granted[slot] = grantedAt
+        self._expires[slot] = expiresAt
+        extra = self._clients[slot]
+        if type(extra) is _Extra and extra.queue is not None:
+            extra.client = client
+            extra.renewals = 0
+        else:
+            self._clients[slot] = client
+
+    def _clientAt(self, slot: int) -> object:
+        client = self._clients[slot]
+        return client.client if type(client) is _Extra else client
+
+    def _queueAt(self, slot: int) -> Optional[WaitQueue]:
+        extra = self._clients[slot]
+        return extra.queue if type(extra) is _Extra else None
+
+    def _extraAt(self, slot: int) -> _Extra:
+        extra = self._clients[slot]
+        if type(extra) is not _Extra:
+            extra = self._clients[slot] = _Extra(extra)
+        return extra
+
+    def _unqueued(self, slot: int, extra: _Extra) -> None:
+        # Its queue emptied: back to the bare client unless it was renewed.
+        extra.queue = None
+        if not extra.renewals:
+            self._clients[slot] = extra.client
 
     # -- queries ---------------------------------------------------------
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def holder(self, key: bytes) -> Optional[Holder]:
-        return self._keys.get(key)
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._keys
 
-    def queueLength(self, key: bytes) -> int:
-        holder = self._keys.get(key)
-        return holder.waiting if holder is not None else 0
+    def holder(self, key: bytes) -> Optional[Holder]:
+        """
+        A view of C{key}'s current grant (read it now: see L{Holder}), or
+        None when the key is free.
+        """
+        slot = self._keys.get(key)
+        return None if slot is None else Holder(self, key, self._tokens[slot])
 
     def holders(self) -> Iterator[Tuple[bytes, Holder]]:
-        return iter(self._keys.items())
+        """
+        Every held key with a view of its grant (the table must not change
+        while this is iterated).
+        """
+        tokens = self._tokens
+        for key, slot in self._keys.items():
+            yield key, Holder(self, key, tokens[slot])
+
+    def keys(self) -> List[bytes]:
+        """
+        A copy of the held keys (to work through later, a part at a time).
+        """
+        return list(self._keys)
+
+    def grants(self) -> Iterator[Tuple[bytes, int, float, float]]:
+        """
+        Every held key as C{(key, token, grantedAt, expiresAt)}, without a
+        view per key (the table must not change while this is iterated).
+        """
+        tokens, granted, expires = self._tokens, self._granted, self._expires
+        for key, slot in self._keys.items():
+            yield key, tokens[slot], granted[slot], expires[slot]
+
+    def tokenOf(self, key: bytes) -> Optional[int]:
+        """
+        The token holding C{key}, or None when it is free.
+        """
+        slot = self._keys.get(key)
+        return None if slot is None else self._tokens[slot]
+
+    def expiresAt(self, key: bytes) -> Optional[float]:
+        """
+        When C{key}'s current lease runs out, or None when it is free.
+        """
+        slot = self._keys.get(key)
+        return None if slot is None else self._expires[slot]
+
+    def grantOf(self, key: bytes) -> Optional[Tuple[int, float, float]]:
+        """
+        C{(token, grantedAt, expiresAt)} of C{key}'s current grant, or None.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        return self._tokens[slot], self._granted[slot], self._expires[slot]
+
+    def clientOf(self, key: bytes) -> object:
+        """
+        Who holds C{key} (see L{Waiter.client}), or None when it is free or
+        its holder is unknown (a grant learned by replication).
+        """
+        slot = self._keys.get(key)
+        return None if slot is None else self._clientAt(slot)
+
+    def ownerOf(self, key: bytes) -> Optional[str]:
+        """
+        The name C{key}'s holder is shown by now (L{nameOf} its client), or
+        None.
+        """
+        return nameOf(self.clientOf(key))
+
+    def queueOf(self, key: bytes) -> Optional[WaitQueue]:
+        """
+        C{key}'s queue of waiters, or None when nobody waits (or it is free).
+        """
+        slot = self._keys.get(key)
+        return None if slot is None else self._queueAt(slot)
+
+    def queueLength(self, key: bytes) -> int:
+        queue = self.queueOf(key)
+        return queue.length if queue is not None else 0
 
     # -- client operations -------------------------------------------------
 
@@ -326,17 +496,29 @@ class LockTable:
         @return: the grant, or None when the waiter was queued.
         @raise TokenExhausted: no token left; nothing changed.
         """
-        holder = self._keys.get(waiter.key)
-        if holder is None:
+        key = waiter.key
+        slot = self._keys.get(key)
+        if slot is None:
             token = self.tokens.issue()
             expiresAt = now + waiter.lease
-            self._keys[waiter.key] = Holder(token, now, expiresAt, waiter.holderName())
-            return Grant(waiter.key, token, expiresAt, None)
+            free = self._free
+            if free:  # _newSlot, inline: this is every uncontended acquire
+                slot = free.pop()
+                self._tokens[slot] = token
+                self._granted[slot] = now
+                self._expires[slot] = expiresAt
+                self._clients[slot] = waiter.client()
+                self._keys[key] = slot
+            else:
+                self._keys[key] = self._newSlot(token, now, expiresAt, waiter.client())
+            return Grant(key, token, expiresAt, None)
         waiter.queuedAt = now
         waiter.queued = True
-        if holder.queue is None:
-            holder.queue = WaitQueue()
-        holder.queue.append(waiter)
+        extra = self._extraAt(slot)
+        queue = extra.queue
+        if queue is None:
+            queue = extra.queue = WaitQueue()
+        queue.append(waiter)
         self.waiterCount += 1
         return None
 
@@ -348,10 +530,10 @@ class LockTable:
             C{token} does not hold the key (a stale or unknown token).
         @raise HandOverFailed: released, but the waiters could not be served.
         """
-        holder = self._keys.get(key)
-        if holder is None or holder.token != token:
+        slot = self._keys.get(key)
+        if slot is None or self._tokens[slot] != token:
             return False, None
-        return True, self._handOver(key, holder, now)
+        return True, self._handOver(key, slot, now)
 
     def expire(self, key: bytes, token: int, now: float) -> Tuple[bool, Optional[Grant]]:
         """
@@ -361,25 +543,25 @@ class LockTable:
             grant no longer holds the key or its lease has not run out.
         @raise HandOverFailed: expired, but the waiters could not be served.
         """
-        holder = self._keys.get(key)
-        if holder is None or holder.token != token or holder.expiresAt > now:
+        slot = self._keys.get(key)
+        if slot is None or self._tokens[slot] != token or self._expires[slot] > now:
             return False, None
-        return True, self._handOver(key, holder, now)
+        return True, self._handOver(key, slot, now)
 
     def renew(self, key: bytes, token: int, lease: float, now: float) -> Optional[Holder]:
         """
         Extend the grant C{token} of C{key}: its lease runs C{lease} seconds
         from C{now}; the token does not change.
 
-        @return: the holder, or None (nothing changed) when C{token} does not
-            hold the key, or its lease has already run out.
+        @return: a view of the grant, or None (nothing changed) when
+            C{token} does not hold the key, or its lease has already run out.
         """
-        holder = self._keys.get(key)
-        if holder is None or holder.token != token or holder.expiresAt <= now:
+        slot = self._keys.get(key)
+        if slot is None or self._tokens[slot] != token or self._expires[slot] <= now:
             return None
-        holder.expiresAt = now + lease
-        holder.renewed()
-        return holder
+        self._expires[slot] = now + lease
+        self._extraAt(slot).renewals += 1
+        return Holder(self, key, token)
 
     def withdraw(self, waiter: Waiter) -> bool:
         """
@@ -391,12 +573,12 @@ class LockTable:
         if not waiter.queued:
             return False
         waiter.queued = False
-        holder = self._keys[waiter.key]
-        queue = holder.queue
-        assert queue is not None
-        queue.remove(waiter)
-        if not queue.length:
-            holder.queue = None
+        slot = self._keys[waiter.key]
+        extra = self._clients[slot]
+        assert type(extra) is _Extra and extra.queue is not None
+        extra.queue.remove(waiter)
+        if not extra.queue.length:
+            self._unqueued(slot, extra)
         self.waiterCount -= 1
         return True
 
@@ -407,45 +589,49 @@ class LockTable:
         acquires).  They stay marked C{queued}: whoever cut them withdraws
         them later, one by one, without the table.
         """
-        holder = self._keys[key]
-        queue = holder.queue
-        assert queue is not None
-        queue.cut(first, last, count)
-        if not queue.length:
-            holder.queue = None
+        slot = self._keys[key]
+        extra = self._clients[slot]
+        assert type(extra) is _Extra and extra.queue is not None
+        extra.queue.cut(first, last, count)
+        if not extra.queue.length:
+            self._unqueued(slot, extra)
         self.waiterCount -= count
 
-    def _handOver(self, key: bytes, holder: Holder, now: float) -> Optional[Grant]:
-        # The slot itself, not the property: this runs at every release.
-        extra = holder._extra
-        queue = extra.queue if extra is not None else None
-        if queue is None:
+    def _handOver(self, key: bytes, slot: int, now: float) -> Optional[Grant]:
+        clients = self._clients
+        extra = clients[slot]
+        if type(extra) is not _Extra or extra.queue is None:
+            # _freeSlot, inline: this is every uncontended release.
             del self._keys[key]
+            clients[slot] = None
+            self._free.append(slot)
             return None
+        queue = extra.queue
         try:
             token = self.tokens.issue()
         except TokenExhausted:
             # Never leave the key held by a grant that ended: free it and
             # give the waiters back to be answered.
-            del self._keys[key]
-            orphans = self._unqueue(holder)
+            orphans = self._unqueue(slot, extra)
+            self._freeSlot(key, slot)
             raise HandOverFailed(orphans) from None
         waiter = queue.popleft()
         if not queue.length:
-            holder.queue = None
+            extra.queue = None
         waiter.queued = False
         self.waiterCount -= 1
         expiresAt = now + waiter.lease
-        holder.regrant(token, now, expiresAt, waiter.holderName())
+        self._regrant(slot, token, now, expiresAt, waiter.client())
         return Grant(key, token, expiresAt, waiter)
 
-    def _unqueue(self, holder: Holder) -> List[Waiter]:
-        orphans = list(holder.waiters())
+    def _unqueue(self, slot: int, extra: _Extra) -> List[Waiter]:
+        queue = extra.queue
+        orphans = list(queue) if queue is not None else []
         for waiter in orphans:
             waiter.queued = False
             waiter.prev = waiter.next = None
         self.waiterCount -= len(orphans)
-        holder.queue = None
+        self._unqueued(slot, extra)
         return orphans
 
     # -- replication -------------------------------------------------------
@@ -457,23 +643,23 @@ class LockTable:
         the token that already holds the key only moves its expiry.
         """
         self.tokens.observe(token)
-        holder = self._keys.get(key)
-        if holder is None:
-            self._keys[key] = Holder(token, grantedAt, expiresAt)
-        elif holder.token == token:
+        slot = self._keys.get(key)
+        if slot is None:
+            self._keys[key] = self._newSlot(token, grantedAt, expiresAt, None)
+        elif self._tokens[slot] == token:
             # The same grant again (a renewal, or a new snapshot): it keeps
             # the time it was first seen granted.
-            holder.expiresAt = expiresAt
+            self._expires[slot] = expiresAt
         else:
-            holder.regrant(token, grantedAt, expiresAt, None)
+            self._regrant(slot, token, grantedAt, expiresAt, None)
 
     def drop(self, key: bytes, token: int) -> None:
         """
         Forget the mirrored holder C{token} of C{key}, if it still holds it.
         """
-        holder = self._keys.get(key)
-        if holder is not None and holder.token == token and holder.queue is None:
-            del self._keys[key]
+        slot = self._keys.get(key)
+        if slot is not None and self._tokens[slot] == token and self._queueAt(slot) is None:
+            self._freeSlot(key, slot)
 
     def takeWaiters(self) -> List[Waiter]:
         """
@@ -482,9 +668,11 @@ class LockTable:
         @return: the waiters that were queued, in queue order per key.
         """
         orphans: List[Waiter] = []
-        for holder in self._keys.values():
-            if holder.queue is not None:
-                orphans.extend(self._unqueue(holder))
+        clients = self._clients
+        for slot in self._keys.values():
+            extra = clients[slot]
+            if type(extra) is _Extra and extra.queue is not None:
+                orphans.extend(self._unqueue(slot, extra))
         self.waiterCount = 0
         return orphans
 
@@ -494,3 +682,8 @@ class LockTable:
         """
         self.takeWaiters()
         self._keys.clear()
+        self._tokens = array("Q")
+        self._granted = array("d")
+        self._expires = array("d")
+        self._clients = []
+        self._free = array("q")

@@ -10,11 +10,17 @@ are for display only (C{nameOf}).
 
 The graph is bipartite, client -> key (waits for) and key -> client (held
 by), so a change (a wait, a hand-over, a withdrawal) costs O(1) whatever
-the queue length.  Changes never search: they only note what must be
-checked (a new wait edge, a hand-over to a key with waiters, a reported
-cycle that lost an edge), and L{WaitForGraph.check} works through those
-notes within a budget of edges visited per call, so the caller (the
-reactor) is never held up for long, however many waits arrive at once.
+the queue length.  The held-by edges are not stored here: the graph asks
+C{holderOf(key)} (the monitor passes one that reads the lock table, which
+keeps the holding connection with each grant), so a held key costs the
+graph nothing; L{WaitForGraph.hold} and L{WaitForGraph.unhold} only say
+that a key changed hands, after the table changed.
+
+Changes never search: they only note what must be checked (a new wait
+edge, a hand-over to a key with waiters, a reported cycle that lost an
+edge), and L{WaitForGraph.check} works through those notes within a
+budget of edges visited per call, so the caller (the reactor) is never
+held up for long, however many waits arrive at once.
 
 A cycle is reported once per distinct set of clients: while the clients of
 a reported cycle stay deadlocked (through whichever keys), their further
@@ -100,6 +106,8 @@ def _rotated(steps: List[Step]) -> Tuple[Step, ...]:
 
 class WaitForGraph:
     """
+    @ivar holderOf: who holds a key now (None: free, or held by a client
+        unknown here, e.g. a grant learned by replication).
     @ivar cycles: the deadlocks present now, by their set of clients.
     @ivar detected: how many cycles were reported since start.
     @ivar maxSearch: edges one search may visit; a cycle beyond it is not
@@ -110,12 +118,13 @@ class WaitForGraph:
         dropped and counted in C{skipped}.
     """
 
-    def __init__(self, maxSearch: int = 2000, maxCycles: int = 10000,
+    def __init__(self, holderOf: Callable[[bytes], Optional[Client]],
+                 maxSearch: int = 2000, maxCycles: int = 10000,
                  maxPending: int = 100000) -> None:
+        self.holderOf = holderOf
         self.maxSearch = maxSearch
         self.maxCycles = maxCycles
         self.maxPending = maxPending
-        self._holder: Dict[bytes, Client] = {}
         self._waits: Dict[Client, Dict[bytes, int]] = {}
         self._waitedFor: Dict[bytes, int] = {}  # waits per key, all clients
         self.cycles: Dict[CycleId, Cycle] = {}
@@ -133,24 +142,22 @@ class WaitForGraph:
     def hold(self, key: bytes, who: Optional[Client]) -> None:
         """
         C{key} is now held by C{who} (None: by a client unknown here, e.g.
-        a grant learned by replication).
+        a grant learned by replication): C{holderOf(key)} says so already.
         """
-        if who is not None and self._holder.get(key) is who:
-            return
-        self.unhold(key)
-        if who is None:
-            return
-        self._holder[key] = who
-        if self._waitedFor.get(key) and who in self._waits:
+        self._changedHands(key)
+        if who is not None and self._waitedFor.get(key) and who in self._waits:
             self._note((_HOLD, key, who))
 
     def unhold(self, key: bytes) -> None:
         """
-        C{key} is free (or changes hands).
+        C{key} is free, or changed hands (C{holderOf(key)} says so already).
         """
-        if self._holder.pop(key, None) is not None:
-            for cid in self._byKey.get(key, ()):
-                self._suspect(cid)
+        self._changedHands(key)
+
+    def _changedHands(self, key: bytes) -> None:
+        # The cycles through key lost their edge: check them again.
+        for cid in self._byKey.get(key, ()):
+            self._suspect(cid)
 
     def wait(self, key: bytes, who: Client) -> None:
         """
@@ -159,7 +166,7 @@ class WaitForGraph:
         keys = self._waits.setdefault(who, {})
         count = keys[key] = keys.get(key, 0) + 1
         self._waitedFor[key] = self._waitedFor.get(key, 0) + 1
-        holder = self._holder.get(key)
+        holder = self.holderOf(key)
         if count == 1 and holder is not None and holder is not who \
                 and (who, holder) not in self._pairs:
             self._note((_WAIT, who, key))
@@ -188,7 +195,6 @@ class WaitForGraph:
         """
         Forget everything (this node stopped serving).
         """
-        self._holder.clear()
         self._waits.clear()
         self._waitedFor.clear()
         self.cycles.clear()
@@ -238,7 +244,7 @@ class WaitForGraph:
         return found
 
     def _checkWait(self, who: Client, key: bytes, now: float, found: List[Cycle]) -> int:
-        holder = self._holder.get(key)
+        holder = self.holderOf(key)
         if (holder is None or holder is who or not self._waits.get(who, {}).get(key)
                 or (who, holder) in self._pairs):
             return 1  # gone since, or already part of a reported cycle
@@ -248,7 +254,7 @@ class WaitForGraph:
         return cost
 
     def _checkHold(self, key: bytes, who: Client, now: float, found: List[Cycle]) -> int:
-        if self._holder.get(key) is not who or not self._waitedFor.get(key) \
+        if self.holderOf(key) is not who or not self._waitedFor.get(key) \
                 or who not in self._waits:
             return 1
         path, cost = self._search(
@@ -268,7 +274,7 @@ class WaitForGraph:
             return 1
         steps = cycle.steps
         if all(self._waits.get(who, {}).get(key)
-               and self._holder.get(key) is steps[(i + 1) % len(steps)][0]
+               and self.holderOf(key) is steps[(i + 1) % len(steps)][0]
                for i, (who, key) in enumerate(steps)):
             return len(steps)  # still intact (the key changed hands and back)
         start = steps[0][0]
@@ -293,6 +299,7 @@ class WaitForGraph:
         @return: the edges followed, as (client, key it waits for, holder
             of that key), or None; and the number of edges visited.
         """
+        holderOf = self.holderOf
         visited: Set[Client] = {start}
         path: List[Tuple[Client, bytes, Client]] = []
         stack: List[Iterator[bytes]] = [iter(list(self._waits.get(start, ())))]
@@ -303,7 +310,7 @@ class WaitForGraph:
                 budget -= 1
                 if budget <= 0:
                     return None, self.maxSearch
-                nxt = self._holder.get(key)
+                nxt = holderOf(key)
                 if nxt is None or (allowed is not None and nxt not in allowed):
                     continue
                 if isEnd(nxt):
@@ -357,11 +364,6 @@ class WaitForGraph:
                 del self._pairs[pair]
             else:
                 self._pairs[pair] -= 1
-
-    # -- reading ---------------------------------------------------------------
-
-    def holderOf(self, key: bytes) -> Optional[Client]:
-        return self._holder.get(key)
 
 
 def _discard(index: Dict[Any, Set[CycleId]], at: Any, cid: CycleId) -> None:

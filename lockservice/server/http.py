@@ -110,6 +110,8 @@ def describeLock(locks: LockService, monitor: Optional[Monitor], key: bytes,
                  holder: Holder, waiters: int = WAITERS_LIMIT) -> Dict[str, Any]:
     """
     One held key: its holder and the first C{waiters} of its queue.
+
+    @param holder: a view of the key's grant, read here and dropped.
     """
     now = locks.clock.seconds()
     queue = []
@@ -379,21 +381,19 @@ class LocksResource(_NodeResource):
                 "error": "this node is not active",
                 "active": active.decode() if active is not None else None,
             }, 409)
-        holder = self.locks.table.holder(key)
-        if holder is None:
+        token = self.locks.table.tokenOf(key)
+        if token is None:
             return _json(request, {"error": "key not held",
                                    "key": key.decode("utf-8", "replace")}, 404)
-        token = holder.token
         peer = request.getClientAddress()
         who = f"admin@{getattr(peer, 'host', peer)}"
         if not self.monitor.forceRelease(self.locks, key, token, reason, who):
             return _json(request, {"error": "key not held",
                                    "key": key.decode("utf-8", "replace")}, 404)
-        after = self.locks.table.holder(key)
         return _json(request, {
             "key": key.decode("utf-8", "replace"),
             "released_token": token,
-            "next_token": after.token if after is not None else None,
+            "next_token": self.locks.table.tokenOf(key),
             "reason": reason,
         })
 
@@ -502,7 +502,7 @@ def makeRoot(locks: LockService, cluster: Optional[ClusterView],
     when none is given.
     """
     if monitor is None:
-        monitor = Monitor(locks.clock)
+        monitor = Monitor(locks.clock, locks.table.clientOf)
         locks.activity.append(monitor)
     metrics = Metrics(locks, cluster, monitor)
     root = _Root()

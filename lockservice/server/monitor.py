@@ -136,16 +136,23 @@ class Monitor:
 
     log = Logger()
 
-    def __init__(self, clock: IReactorTime, wallTime: Callable[[], float] = time.time,
+    def __init__(self, clock: IReactorTime, holderOf: Callable[[bytes], object],
+                 wallTime: Callable[[], float] = time.time,
                  warnHold: Optional[float] = None, events: int = 10000,
                  trackedKeys: int = 1000, seriesSpan: int = 300) -> None:
+        """
+        @param holderOf: who holds a key now, as the lock table says: the
+            holding connection (the wait-for graph's vertex), or None.  The
+            graph keeps no copy of who holds what (a held key would cost
+            it a dict entry).
+        """
         self.clock = clock
         self.wallTime = wallTime
         self.warnHold = warnHold
         self.events = EventRing(events)
         self.keys = KeyStats(trackedKeys)
         self.series = Series(seriesSpan)
-        self.graph = WaitForGraph()
+        self.graph = WaitForGraph(holderOf)
         self._checking: Optional[IDelayedCall] = None
         self.longHolds = 0
         self._longNow = 0  # flagged grants still held: /status is O(1)
@@ -184,7 +191,8 @@ class Monitor:
                 conn: Optional[Named] = None) -> None:
         """
         C{key} was granted with C{token} to connection C{conn} (named
-        C{owner} then), at once (C{waiter} None) or to a queued C{waiter}.
+        C{owner} then), at once (C{waiter} None) or to a queued C{waiter};
+        the table (C{holderOf}) says so already.
         """
         self.keys.granted(key, waited)
         self.series.granted(now)

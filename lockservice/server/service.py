@@ -74,8 +74,8 @@ class AnswerSink(Protocol):
     Where a queued acquire's answer goes (a client connection).
 
     @ivar name: who the connection is: the name it sent with C{I}, else its
-        peer address.  One C{str} object per connection, shared by every
-        L{Holder} it holds.
+        peer address.  The table keeps the connection itself with each
+        grant it holds, so its holders are shown by its current name.
     """
 
     name: str
@@ -133,8 +133,8 @@ class PendingAcquire(Waiter):
         self.answer: Optional[bytes] = None
         self.run: Optional[_Run] = None
 
-    def holderName(self) -> Optional[str]:
-        return self.conn.name
+    def client(self) -> object:
+        return self.conn
 
 
 class _Alarm:
@@ -418,12 +418,12 @@ class LockService(Service):
             return wire.redirect(b"A", waiter.key, self.activeAddress)
         # A free key with waiters never exists, so "keys held or queued
         # for" is the number of held keys.
-        holder = self.table.holder(waiter.key)
-        if holder is None:
-            if len(self.table) >= self.maxKeys:
+        table = self.table
+        if waiter.key not in table:
+            if len(table) >= self.maxKeys:
                 self.stats.rejectedKeys += 1
                 return wire.BadRequest(b"A", waiter.key, "too many keys").answer()
-        elif holder.waiting >= self.maxWaiters:
+        elif table.queueLength(waiter.key) >= self.maxWaiters:
             self.stats.rejectedWaiters += 1
             return wire.BadRequest(b"A", waiter.key, "too many waiters").answer()
         now = self.clock.seconds()
@@ -463,13 +463,11 @@ class LockService(Service):
             self.stats.redirects += 1
             reply(wire.redirect(b"R", key, self.activeAddress))
             return
-        now = self.clock.seconds()
-        holder = self.table.holder(key)
-        if holder is None or holder.token != token:
+        if self.table.tokenOf(key) != token:
             self.stats.releasesStale += 1
             reply(wire.released(key, False))
             return
-        self._takeBack(key, holder, now, expired=False, reply=reply)
+        self._takeBack(key, token, self.clock.seconds(), expired=False, reply=reply)
 
     def renew(self, key: bytes, token: int, lease: float,
               reply: Callable[[bytes], object]) -> None:
@@ -481,17 +479,20 @@ class LockService(Service):
             reply(wire.redirect(b"N", key, self.activeAddress))
             return
         now = self.clock.seconds()
-        holder = self.table.renew(key, token, lease, now)
-        if holder is None:
+        table = self.table
+        if table.renew(key, token, lease, now) is None:
             self.stats.renewalsStale += 1
             reply(wire.renewed(key, False))
             return
         self.stats.renewalsOk += 1
-        self._armLease(key, token, holder.expiresAt)
+        _, grantedAt, expiresAt = cast(Tuple[int, float, float], table.grantOf(key))
+        self._armLease(key, token, expiresAt)
         for observer in self.observers:
-            self._notify(observer.renewed, key, token, holder.grantedAt, holder.expiresAt)
-        for watcher in self.activity:
-            self._notify(watcher.renewed, now, key, token, holder.owner, holder.expiresAt)
+            self._notify(observer.renewed, key, token, grantedAt, expiresAt)
+        if self.activity:
+            owner = table.ownerOf(key)
+            for watcher in self.activity:
+                self._notify(watcher.renewed, now, key, token, owner, expiresAt)
         reply(wire.renewed(key, True))
 
     def withdraw(self, waiter: PendingAcquire) -> None:
@@ -534,19 +535,21 @@ class LockService(Service):
         waiters out of the head of its queue (O(1) each), so that the key
         goes to the first live waiter and never to a dead one.
         """
-        holder = self.table.holder(key)
-        while holder is not None and holder.queue is not None:
-            head = holder.queue.head
+        queueOf = self.table.queueOf
+        queue = queueOf(key)
+        while queue is not None:
+            head = queue.head
             if not isinstance(head, PendingAcquire) or not head.conn.gone:
                 return
             run = head.run
             if run is None or run.last is None:
                 self.withdraw(head)  # not in a run (never expected): one by one
-                continue
-            self.table.cut(key, head, run.last, run.count)
-            run.cut = True
-            run.count = 0
-            run.last = None
+            else:
+                self.table.cut(key, head, run.last, run.count)
+                run.cut = True
+                run.count = 0
+                run.last = None
+            queue = queueOf(key)
 
     def runInChunks(self, work: Iterator[object]) -> None:
         """
@@ -690,11 +693,11 @@ class LockService(Service):
         entries = self._leaseBuckets.get(bucket)
         if entries is None:
             return []
-        holder = self.table.holder
+        expiresAt = self.table.expiresAt
         live: List[bytes] = []
         for key in (entries,) if isinstance(entries, bytes) else dict.fromkeys(entries):
-            h = holder(key)
-            if h is not None and _leaseBucket(h.expiresAt) == bucket:
+            at = expiresAt(key)
+            if at is not None and _leaseBucket(at) == bucket:
                 live.append(key)
         return live
 
@@ -708,8 +711,8 @@ class LockService(Service):
             if live:
                 # The latest deadline of the first bucket: at most a
                 # millisecond after the others, so they expire together.
-                holder = self.table.holder
-                return max(cast(Holder, holder(key)).expiresAt for key in live)
+                expiresAt = self.table.expiresAt
+                return max(cast(float, expiresAt(key)) for key in live)
             heappop(order)
             self._dropBucket(bucket)
         return None
@@ -744,7 +747,7 @@ class LockService(Service):
         now = max(self.clock.seconds(), at)
         last = _leaseBucket(now)
         order = self._leaseOrder
-        holder = self.table.holder
+        expiresAt = self.table.expiresAt
         budget = TIMER_BUDGET
         outer = self.openTurn()
         try:
@@ -761,54 +764,54 @@ class LockService(Service):
                 self._dropBucket(bucket)
                 due = []
                 for key in live:
-                    if cast(Holder, holder(key)).expiresAt <= now:
+                    if cast(float, expiresAt(key)) <= now:
                         due.append(key)
                     else:
                         later.append(key)
                 # The same order as one heap of (deadline, key) would give.
-                due.sort(key=lambda k: (cast(Holder, holder(k)).expiresAt, k))
+                due.sort(key=lambda k: (cast(float, expiresAt(k)), k))
                 backlog.extend(due[budget:])
                 for key in due[:budget]:
                     budget -= 1
                     self._expireDue(key, now)
             for key in later:
-                h = holder(key)
-                if h is not None:
-                    self._fileLease(key, h.expiresAt)
+                deadline = expiresAt(key)
+                if deadline is not None:
+                    self._fileLease(key, deadline)
         finally:
             if outer:
                 self.closeTurn()
 
     def _expireDue(self, key: bytes, now: float) -> None:
-        holder = self.table.holder(key)
-        if holder is None:
+        token = self.table.tokenOf(key)
+        if token is None:
             return
         try:
-            self._expire(key, holder.token, now)
+            self._expire(key, token, now)
         except Exception:
             # One bad hand-over must not stop every later expiry.
             self._internalError("lease expiry")
 
     def _expire(self, key: bytes, token: int, now: float) -> None:
-        holder = self.table.holder(key)
-        if holder is None or holder.token != token or holder.expiresAt > now:
+        grant = self.table.grantOf(key)
+        if grant is None or grant[0] != token or grant[2] > now:
             return  # released, renewed, handed over or re-installed since
-        self._takeBack(key, holder, now, expired=True)
+        self._takeBack(key, token, now, expired=True)
 
-    def _takeBack(self, key: bytes, holder: Holder, now: float, expired: bool,
+    def _takeBack(self, key: bytes, token: int, now: float, expired: bool,
                   reply: Optional[Callable[[bytes], object]] = None) -> None:
         """
-        End C{holder}'s grant of C{key} (a release, or an expiry) and hand
-        the key to its next live waiter.  C{reply} hears a release's answer
-        after the change went to the observers (replication) and before the
-        next waiter hears of its grant.
+        End the grant C{token} of C{key}, which must hold it (a release, or
+        an expiry) and hand the key to its next live waiter.  C{reply}
+        hears a release's answer after the change went to the observers
+        (replication) and before the next waiter hears of its grant.
         """
-        token = holder.token
-        heldFor = now - holder.grantedAt
-        owner = holder.owner
+        table = self.table
+        heldFor = now - cast(Tuple[int, float, float], table.grantOf(key))[1]
+        owner = table.ownerOf(key) if self.activity else None
         orphans: List[Waiter] = []
         self._passGone(key)
-        takeBack = self.table.expire if expired else self.table.release
+        takeBack = table.expire if expired else table.release
         try:
             _, grant = takeBack(key, token, now)
         except HandOverFailed as e:
@@ -828,8 +831,8 @@ class LockService(Service):
         self._leaseOrder = []
         self._leaseEntries = 0
         self._leaseBacklog.clear()
-        for key, holder in self.table.holders():
-            self._fileLease(key, holder.expiresAt)
+        for key, _, _, expiresAt in self.table.grants():
+            self._fileLease(key, expiresAt)
         if not self._leaseAlarm.firing:
             self._leaseAlarm.rearm()
 
@@ -857,8 +860,7 @@ class LockService(Service):
         for observer in self.observers:
             self._notify(observer.granted, grant.key, grant.token, now, grant.expiresAt, waited)
         if self.activity:
-            holder = self.table.holder(grant.key)
-            owner = holder.owner if holder is not None else None
+            owner = self.table.ownerOf(grant.key)
             for watcher in self.activity:
                 self._notify(watcher.granted, now, grant.key, grant.token, owner, grant.waiter,
                              waited, conn)
