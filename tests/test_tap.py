@@ -4,6 +4,7 @@ Command-line options of twistd lockservice (no process started).
 
 from __future__ import annotations
 
+import sys
 from typing import List
 
 import pytest
@@ -108,3 +109,25 @@ def test_make_service_runs_leases_and_waits_on_the_monotonic_clock(monkeypatch) 
     assert holder_ is not None and holder_.token == token, "a wall-clock step ended a lease"
     assert locks.table.queueLength(b"k") == 1, "a wall-clock step ended a wait"
     assert locks.stats.expirations == 0 and locks.stats.timeouts == 0
+
+
+def test_make_service_fixes_mallocs_mmap_threshold(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """
+    The node turns off glibc's moving mmap threshold (a held key costs
+    about 24 bytes less RSS, docs/performance.md); on glibc it takes.
+    """
+    import platform
+
+    import twisted.internet
+    from twisted.internet.testing import MemoryReactorClock
+
+    from lockservice import tap
+
+    fix = tap._fixMallocThreshold
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert fix() is True
+    calls: List[int] = []
+    monkeypatch.setattr(tap, "_fixMallocThreshold", lambda: calls.append(1) or True)
+    monkeypatch.setattr(twisted.internet, "reactor", MemoryReactorClock(), raising=False)
+    tap.makeService(parse(["--listen", "tcp:0:interface=127.0.0.1"]))
+    assert calls == [1]
