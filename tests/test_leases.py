@@ -11,6 +11,7 @@ from typing import List, Optional, Tuple
 
 from twisted.internet.task import Clock
 
+from lockservice.core.election import ACTIVE, HANDING_OFF, STANDBY
 from lockservice.server.service import LockService, PendingAcquire
 
 
@@ -180,3 +181,47 @@ def test_a_crowded_millisecond_is_scanned_once_and_expires_in_order(monkeypatch)
     assert turns == [1000] * 20  # one turn's budget each
     assert [k for k, _ in expiries.seen] == keys
     assert sum(scanned) < 3 * len(keys), sum(scanned)
+
+
+def test_a_pause_in_handing_off_keeps_the_leases_filed() -> None:
+    """
+    An active that holds back for a moment (a peer joining must get the
+    stream first: handing off, then active again) expires nothing while
+    frozen, refiles nothing when it goes on (a million keys took 0.4 s),
+    and then expires each lease that ran out meanwhile, and the others on
+    time, with a grant merged in while frozen.
+    """
+    locks, clock, expiries, conn = service()
+    assert acquire(locks, conn, b"soon", 1)
+    assert acquire(locks, conn, b"later", 3)
+    refiled: List[int] = []
+    rebuild = locks._armAllLeases
+    locks._armAllLeases = lambda: (refiled.append(1), rebuild())  # type: ignore[method-assign]
+    locks.setRole(HANDING_OFF, None)
+    assert not clock.getDelayedCalls()
+    locks.installHolder(b"merged", 10**9, 1.5)  # a heal's merge while frozen
+    clock.advance(2)  # "soon" and "merged" ran out meanwhile
+    assert expiries.seen == [] and len(locks.table) == 3
+    locks.setRole(ACTIVE, None)
+    assert refiled == []
+    clock.advance(0)
+    assert sorted(k for k, _ in expiries.seen) == [b"merged", b"soon"]
+    clock.advance(0.999)
+    assert len(expiries.seen) == 2
+    clock.advance(0.002)
+    assert [k for k, _ in expiries.seen][2:] == [b"later"] and len(locks.table) == 0
+    assert not clock.getDelayedCalls()
+
+
+def test_a_standby_files_no_leases_and_refiles_all_when_promoted() -> None:
+    locks, clock, expiries, conn = service()
+    assert acquire(locks, conn, b"k", 1)
+    locks.setRole(HANDING_OFF, None)
+    locks.setRole(STANDBY, None)
+    assert locks._leaseEntries == 0 and not clock.getDelayedCalls()
+    locks.installHolder(b"mirrored", 10**9, 2)
+    clock.advance(5)
+    assert expiries.seen == []
+    locks.setRole(ACTIVE, None)
+    clock.advance(0)
+    assert sorted(k for k, _ in expiries.seen) == [b"k", b"mirrored"]

@@ -327,3 +327,29 @@ def test_deadlock_through_the_lock_service_table(log: List[str]) -> None:
     assert log == ["Deadlock: y waits for k1 (held by x-renamed) -> "
                    "x-renamed waits for k2 (held by y)"]
     assert locks.table.ownerOf(b"k1") == "x-renamed"
+
+
+def test_a_pause_in_handing_off_forgets_nothing(log: List[str]) -> None:
+    """
+    Handing off freezes the active with its grants and queues: a pause (a
+    peer joining) keeps the deadlocks, waits and long holds it watches; a
+    hand-off that ends in standby forgets them.
+    """
+    m = monitor(warnHold=10)
+    clock = m.clock
+    assert isinstance(clock, Clock)
+    x, y = Conn("px"), Conn("py")
+    m.granted(1000, b"k1", 1, "px", None, 0.0, x)
+    m.granted(1000, b"k2", 2, "py", None, 0.0, y)
+    m.queued(1000, NamedWaiter(b"k2", x))
+    clock.advance(11)
+    assert m.isLongHold(b"k1", 1)
+    m.roleChanged(1011, "handing-off", [])
+    m.roleChanged(1011, "active", [])
+    m.queued(1011, NamedWaiter(b"k1", y))  # closes the cycle with x's earlier wait
+    clock.advance(0)
+    assert len(m.deadlocks()) == 1 and m.isLongHold(b"k1", 1)
+    m.roleChanged(1011, "handing-off", [])
+    m.roleChanged(1011, "standby", [])
+    assert m.deadlocks() == [] and not m.isLongHold(b"k1", 1)
+    assert not clock.getDelayedCalls()

@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from lockservice.core import events as ev
-from lockservice.core.election import ACTIVE
+from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.events import EventRing
 from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats
@@ -105,6 +105,10 @@ class Releaser(Protocol):
 
     def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None: ...
 
+
+# The roles whose grants and queues are watched: handing off is a frozen
+# active (its queues stay).
+_WATCHED = (ACTIVE, HANDING_OFF)
 
 # Edges of the wait-for graph visited per reactor turn (about 2 ms).
 CHECK_BUDGET = 5000
@@ -242,19 +246,22 @@ class Monitor:
         Only the active node's grants and queues are watched: what a
         standby mirrors comes and goes by replication, unseen here.  A node
         that becomes active starts from the grants it holds then (learned
-        by replication, so their holders may be unknown).
+        by replication, so their holders may be unknown).  Handing off is
+        still active for this: the node is frozen, its grants and queues
+        stay (an active holds back so for a moment when a peer joins), so
+        nothing is forgotten or gone through again.
         """
-        if role == self._role:
+        before, self._role = self._role, role
+        if (role in _WATCHED) == (before in _WATCHED):
             return
-        self._role = role
         self._held.clear()
         self._longNow = 0
         self.graph.clear()
         self.stop()  # timers and long-hold deadlines start again from here
-        if role != ACTIVE:
+        if role not in _WATCHED:
             return
-        # Holders from before are unknown to the wait-for graph (it knows
-        # connections, and these grants came by replication).
+        # The wait-for graph reads the holders from the table (those that
+        # came by replication have no connection: unknown to it).
         if self.warnHold is None:
             return
         for key, holder in sorted(holders, key=lambda item: item[1].grantedAt):
