@@ -323,7 +323,7 @@ def test_renewals_and_waiters_never_leak_into_a_reused_slot() -> None:
     assert table.holder(b"b").renewals == 1  # type: ignore[union-attr]
     # Released: the slot is free again and holds nobody.
     table.release(b"b", handed.token, 8.0)
-    assert list(table._free) == [0] and table._clients == [None] and len(table) == 0
+    assert table._free == [0] and table._clients == [None] and len(table) == 0
 
 
 def test_mirrored_holders_reuse_slots_and_have_no_client() -> None:

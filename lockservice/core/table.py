@@ -296,6 +296,11 @@ class Grant:
         self.waiter = waiter
 
 
+# What release and expire answer when nothing is handed over.
+_NOT_HELD: Tuple[bool, Optional[Grant]] = (False, None)
+_FREED: Tuple[bool, Optional[Grant]] = (True, None)
+
+
 class HandOverFailed(Exception):
     """
     A release or expiry took effect (the key is free), but no token could be
@@ -324,7 +329,7 @@ class LockTable:
     and times (unboxed, 24 bytes) and slot C{i} of one list its client, or
     an L{_Extra} (client, renewals, queue) for the few keys that were
     renewed or are waited for.  A released key's slot goes to a free list
-    and is reused by the next new key.  Nothing here is made per held key
+    and is reused by the next new key (the tables never shrink).  Nothing here is made per held key
     but its dict entry and slot number, and nothing per key is tracked by
     the garbage collector (a full collection does not walk a million held
     keys).  L{holder} gives a short-lived L{Holder} view of one grant.
@@ -337,7 +342,12 @@ class LockTable:
         self._granted = array("d")
         self._expires = array("d")
         self._clients: List[object] = []
-        self._free = array("q")
+        # Free slot numbers: a list, not an array, because list.pop and
+        # append cost a quarter of array's (80 ns per acquire + release),
+        # and the int of a released key's slot is the one its dict entry
+        # held, so no int is made.  A free slot costs 40 bytes here (its
+        # arrays' 33 stay too) until a new key takes it.
+        self._free: List[int] = []
         self.waiterCount = 0
 
     # -- slots -------------------------------------------------------------
@@ -461,31 +471,73 @@ class LockTable:
             return None
         return self._tokens[slot], self._granted[slot], self._expires[slot]
 
+    def holding(self, key: bytes) -> Optional[Tuple[int, float, float, object]]:
+        """
+        C{(token, grantedAt, expiresAt, client)} of C{key}'s current grant,
+        or None: what ending it (a release, an expiry) needs, in one look-up.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        client = self._clients[slot]
+        if type(client) is _Extra:
+            client = client.client
+        return self._tokens[slot], self._granted[slot], self._expires[slot], client
+
     def clientOf(self, key: bytes) -> object:
         """
         Who holds C{key} (see L{Waiter.client}), or None when it is free or
         its holder is unknown (a grant learned by replication).
         """
         slot = self._keys.get(key)
-        return None if slot is None else self._clientAt(slot)
+        if slot is None:
+            return None
+        client = self._clients[slot]
+        return client.client if type(client) is _Extra else client
 
     def ownerOf(self, key: bytes) -> Optional[str]:
         """
         The name C{key}'s holder is shown by now (L{nameOf} its client), or
         None.
         """
-        return nameOf(self.clientOf(key))
+        # clientOf and nameOf, inline: this runs at every grant and release.
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        client = self._clients[slot]
+        if type(client) is _Extra:
+            client = client.client
+        return getattr(client, "name", None)
 
     def queueOf(self, key: bytes) -> Optional[WaitQueue]:
         """
         C{key}'s queue of waiters, or None when nobody waits (or it is free).
         """
         slot = self._keys.get(key)
-        return None if slot is None else self._queueAt(slot)
+        if slot is None:
+            return None
+        extra = self._clients[slot]
+        return extra.queue if type(extra) is _Extra else None
 
     def queueLength(self, key: bytes) -> int:
-        queue = self.queueOf(key)
-        return queue.length if queue is not None else 0
+        """
+        How many wait for C{key} (0 when it is free).
+        """
+        queued = self.queued(key)
+        return queued or 0
+
+    def queued(self, key: bytes) -> Optional[int]:
+        """
+        How many wait for C{key}, or None when it is free (one look-up for
+        the service's limits on every acquire).
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        extra = self._clients[slot]
+        if type(extra) is not _Extra or extra.queue is None:
+            return 0
+        return extra.queue.length
 
     # -- client operations -------------------------------------------------
 
@@ -501,20 +553,27 @@ class LockTable:
         if slot is None:
             token = self.tokens.issue()
             expiresAt = now + waiter.lease
+            # _newSlot, inline: this is every uncontended acquire.
             free = self._free
-            if free:  # _newSlot, inline: this is every uncontended acquire
+            if free:
                 slot = free.pop()
                 self._tokens[slot] = token
                 self._granted[slot] = now
                 self._expires[slot] = expiresAt
                 self._clients[slot] = waiter.client()
-                self._keys[key] = slot
             else:
-                self._keys[key] = self._newSlot(token, now, expiresAt, waiter.client())
+                slot = len(self._clients)
+                self._tokens.append(token)
+                self._granted.append(now)
+                self._expires.append(expiresAt)
+                self._clients.append(waiter.client())
+            self._keys[key] = slot
             return Grant(key, token, expiresAt, None)
         waiter.queuedAt = now
         waiter.queued = True
-        extra = self._extraAt(slot)
+        extra = self._clients[slot]
+        if type(extra) is not _Extra:
+            extra = self._clients[slot] = _Extra(extra)
         queue = extra.queue
         if queue is None:
             queue = extra.queue = WaitQueue()
@@ -532,7 +591,14 @@ class LockTable:
         """
         slot = self._keys.get(key)
         if slot is None or self._tokens[slot] != token:
-            return False, None
+            return _NOT_HELD
+        clients = self._clients
+        if type(clients[slot]) is not _Extra:
+            # Nobody waits (the common case): free the slot here, inline.
+            del self._keys[key]
+            clients[slot] = None  # let the client (a closed connection) go
+            self._free.append(slot)
+            return _FREED
         return True, self._handOver(key, slot, now)
 
     def expire(self, key: bytes, token: int, now: float) -> Tuple[bool, Optional[Grant]]:
@@ -545,7 +611,13 @@ class LockTable:
         """
         slot = self._keys.get(key)
         if slot is None or self._tokens[slot] != token or self._expires[slot] > now:
-            return False, None
+            return _NOT_HELD
+        clients = self._clients
+        if type(clients[slot]) is not _Extra:
+            del self._keys[key]  # as in release
+            clients[slot] = None
+            self._free.append(slot)
+            return _FREED
         return True, self._handOver(key, slot, now)
 
     def renew(self, key: bytes, token: int, lease: float, now: float) -> Optional[Holder]:
@@ -598,13 +670,9 @@ class LockTable:
         self.waiterCount -= count
 
     def _handOver(self, key: bytes, slot: int, now: float) -> Optional[Grant]:
-        clients = self._clients
-        extra = clients[slot]
+        extra = self._clients[slot]
         if type(extra) is not _Extra or extra.queue is None:
-            # _freeSlot, inline: this is every uncontended release.
-            del self._keys[key]
-            clients[slot] = None
-            self._free.append(slot)
+            self._freeSlot(key, slot)
             return None
         queue = extra.queue
         try:
@@ -616,12 +684,18 @@ class LockTable:
             self._freeSlot(key, slot)
             raise HandOverFailed(orphans) from None
         waiter = queue.popleft()
-        if not queue.length:
-            extra.queue = None
         waiter.queued = False
         self.waiterCount -= 1
         expiresAt = now + waiter.lease
-        self._regrant(slot, token, now, expiresAt, waiter.client())
+        # _regrant, inline: this is every hand-over.
+        self._tokens[slot] = token
+        self._granted[slot] = now
+        self._expires[slot] = expiresAt
+        if queue.length:
+            extra.client = waiter.client()
+            extra.renewals = 0
+        else:
+            self._clients[slot] = waiter.client()  # the _Extra goes
         return Grant(key, token, expiresAt, waiter)
 
     def _unqueue(self, slot: int, extra: _Extra) -> List[Waiter]:
@@ -686,4 +760,4 @@ class LockTable:
         self._granted = array("d")
         self._expires = array("d")
         self._clients = []
-        self._free = array("q")
+        self._free = []

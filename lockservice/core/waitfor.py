@@ -144,7 +144,9 @@ class WaitForGraph:
         C{key} is now held by C{who} (None: by a client unknown here, e.g.
         a grant learned by replication): C{holderOf(key)} says so already.
         """
-        self._changedHands(key)
+        # As unhold (inline, not a call: this runs at every grant).
+        for cid in self._byKey.get(key, ()):
+            self._suspect(cid)
         if who is not None and self._waitedFor.get(key) and who in self._waits:
             self._note((_HOLD, key, who))
 
@@ -152,9 +154,6 @@ class WaitForGraph:
         """
         C{key} is free, or changed hands (C{holderOf(key)} says so already).
         """
-        self._changedHands(key)
-
-    def _changedHands(self, key: bytes) -> None:
         # The cycles through key lost their edge: check them again.
         for cid in self._byKey.get(key, ()):
             self._suspect(cid)

@@ -434,11 +434,12 @@ class LockService(Service):
         # A free key with waiters never exists, so "keys held or queued
         # for" is the number of held keys.
         table = self.table
-        if waiter.key not in table:
+        queued = table.queued(waiter.key)
+        if queued is None:
             if len(table) >= self.maxKeys:
                 self.stats.rejectedKeys += 1
                 return wire.BadRequest(b"A", waiter.key, "too many keys").answer()
-        elif table.queueLength(waiter.key) >= self.maxWaiters:
+        elif queued >= self.maxWaiters:
             self.stats.rejectedWaiters += 1
             return wire.BadRequest(b"A", waiter.key, "too many waiters").answer()
         now = self.clock.seconds()
@@ -478,11 +479,12 @@ class LockService(Service):
             self.stats.redirects += 1
             reply(wire.redirect(b"R", key, self.activeAddress))
             return
-        if self.table.tokenOf(key) != token:
+        holding = self.table.holding(key)
+        if holding is None or holding[0] != token:
             self.stats.releasesStale += 1
             reply(wire.released(key, False))
             return
-        self._takeBack(key, token, self.clock.seconds(), expired=False, reply=reply)
+        self._takeBack(key, holding, self.clock.seconds(), expired=False, reply=reply)
 
     def renew(self, key: bytes, token: int, lease: float,
               reply: Callable[[bytes], object]) -> None:
@@ -812,22 +814,25 @@ class LockService(Service):
             self._internalError("lease expiry")
 
     def _expire(self, key: bytes, token: int, now: float) -> None:
-        grant = self.table.grantOf(key)
-        if grant is None or grant[0] != token or grant[2] > now:
+        holding = self.table.holding(key)
+        if holding is None or holding[0] != token or holding[2] > now:
             return  # released, renewed, handed over or re-installed since
-        self._takeBack(key, token, now, expired=True)
+        self._takeBack(key, holding, now, expired=True)
 
-    def _takeBack(self, key: bytes, token: int, now: float, expired: bool,
-                  reply: Optional[Callable[[bytes], object]] = None) -> None:
+    def _takeBack(self, key: bytes, holding: Tuple[int, float, float, object], now: float,
+                  expired: bool, reply: Optional[Callable[[bytes], object]] = None) -> None:
         """
-        End the grant C{token} of C{key}, which must hold it (a release, or
-        an expiry) and hand the key to its next live waiter.  C{reply}
-        hears a release's answer after the change went to the observers
-        (replication) and before the next waiter hears of its grant.
+        End the grant of C{key} that C{holding} (C{table.holding(key)})
+        describes, which must still hold it (a release, or an expiry), and
+        hand the key to its next live waiter.  C{reply} hears a release's
+        answer after the change went to the observers (replication) and
+        before the next waiter hears of its grant.
         """
         table = self.table
-        heldFor = now - cast(Tuple[int, float, float], table.grantOf(key))[1]
-        owner = table.ownerOf(key) if self.activity else None
+        token, grantedAt, _, client = holding
+        heldFor = now - grantedAt
+        # nameOf(client), inline: only the operator's view wants it.
+        owner = getattr(client, "name", None) if self.activity else None
         orphans: List[Waiter] = []
         self._passGone(key)
         takeBack = table.expire if expired else table.release
@@ -879,7 +884,7 @@ class LockService(Service):
         for observer in self.observers:
             self._notify(observer.granted, grant.key, grant.token, now, grant.expiresAt, waited)
         if self.activity:
-            owner = self.table.ownerOf(grant.key)
+            owner = conn.name  # the connection the table keeps with the grant
             for watcher in self.activity:
                 self._notify(watcher.granted, now, grant.key, grant.token, owner, grant.waiter,
                              waited, conn)
