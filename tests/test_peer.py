@@ -37,6 +37,7 @@ class Owner:
         self.failed: List[Tuple[int, bool, str]] = []
         self.messages: List[List[bytes]] = []
         self.sources: List[str] = []
+        self.lost: List[bool] = []
 
     def indexOf(self, entry: bytes) -> Optional[int]:
         return PEERS.index(entry) if entry in PEERS else None
@@ -45,7 +46,7 @@ class Owner:
         self.up.append(channel)
 
     def channelLost(self, channel: PeerChannel, clean: bool) -> None:
-        pass
+        self.lost.append(clean)
 
     def peerLines(self, channel: PeerChannel, lines: List[bytes]) -> None:
         self.messages.extend(line.split(b" ") for line in lines)
@@ -308,3 +309,24 @@ def test_a_link_lost_while_paused_does_not_resume() -> None:
     from twisted.python.failure import Failure
     outbound.connectionLost(Failure(ConnectionDone()))
     assert not [c for c in a.clock.getDelayedCalls() if c.active()]
+
+
+def test_a_reset_after_the_peers_fin_is_a_close() -> None:
+    """
+    How the socket ended decides between "the peer closed" (a FIN: its
+    process exited) and "network trouble" (a reset).  A reset that comes
+    after the peer's FIN (we wrote before reading the FIN, and the dead
+    peer's kernel answered with a reset) leaves EPIPE, not ECONNRESET: the
+    FIN came first, so it is a close.
+    """
+    from errno import ECONNRESET, EPIPE
+
+    from twisted.internet.error import ConnectionDone
+    from twisted.python.failure import Failure
+
+    for error, clean in ((0, True), (EPIPE, True), (ECONNRESET, False)):
+        a, b = Owner(0), Owner(1)
+        outbound, _, _ = dial(a, b)
+        outbound._socketError(error, Failure(ConnectionDone()))
+        outbound.connectionLost(Failure(ConnectionDone()))
+        assert a.lost == [clean], error

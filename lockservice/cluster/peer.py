@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hmac
 import os
+from errno import EPIPE
 from hashlib import sha256
 from typing import Any, List, Optional
 from typing import Protocol as TypingProtocol
@@ -296,8 +297,13 @@ class PeerChannel:
             # error is network trouble.
             # Under TLS, judge the TCP connection below (a FIN without TLS's
             # close_notify is what an exited process leaves).
+            # EPIPE is what a reset leaves on a socket that had already
+            # received a FIN (Linux, CLOSE_WAIT): we wrote (a heartbeat)
+            # after the peer's FIN, before reading it, and its kernel,
+            # whose socket is gone, answered with a reset.  The FIN came
+            # first: that is a close, not network trouble.
             tcp = self.tcpReason or reason
-            clean = tcp.check(ConnectionDone) is not None and self.socketError == 0
+            clean = tcp.check(ConnectionDone) is not None and self.socketError in (0, EPIPE)
             self.cluster.channelLost(self, clean=clean)
 
 
