@@ -275,6 +275,11 @@ def test_tls_cluster_fails_over_fast_on_kill_9(tmp_path) -> None:  # type: ignor
     told from a reset by the TCP connection below TLS (a FIN, then a
     refused dial), so the standby takes over at once, not after
     --peer-timeout (here a long 4 s, so only the fast path can pass).
+
+    The kernel of a killed process closes a socket with a reset instead
+    of a FIN when unread bytes were waiting in it, which a standby must
+    take for network trouble (docs/cluster.md): so up to three trials,
+    at least one of which must take the fast path.
     """
     import ssl
 
@@ -286,28 +291,35 @@ def test_tls_cluster_fails_over_fast_on_kill_9(tmp_path) -> None:  # type: ignor
     client = ca.issue("client", hosts=None)
     context = ssl.create_default_context(cafile=ca.cert)
     context.load_cert_chain(client.cert, client.key)
-    ports = freePorts(2)
     args = ["--tls-cert", issued.cert, "--tls-key", issued.key, "--tls-ca", ca.cert,
             "--peer-timeout", "4"]
-    nodes = [Node(p, peers=ports, args=args, logDir=str(tmp_path), name=f"tls{i}", tls=context)
-             for i, p in enumerate(ports)]
-    try:
-        for n in nodes:
-            n.start()
+    took = []
+    for trial in range(3):
+        ports = freePorts(2)
+        nodes = [Node(p, peers=ports, args=args, logDir=str(tmp_path),
+                      name=f"tls{trial}-{i}", tls=context)
+                 for i, p in enumerate(ports)]
+        try:
+            for n in nodes:
+                n.start()
 
-        def answer(port: int, line: bytes) -> bytes:
-            with LineClient(port, tls=context) as c:
-                return c.ask(line)
+            def answer(port: int, line: bytes) -> bytes:
+                with LineClient(port, tls=context) as c:
+                    return c.ask(line)
 
-        waitFor(lambda: answer(ports[1], b"R probe 1").startswith(b"M R probe 127.0.0.1"), 30,
-                what="the standby follows the active")
-        token = answer(ports[0], b"A k 60 0").split()[2]
-        killed = time.monotonic()
-        nodes[0].kill()
-        waitFor(lambda: answer(ports[1], b"R probe 1") == b"R probe STALE", 8,
-                interval=0.02, what="the standby took over")
-        assert time.monotonic() - killed < 3
-        assert answer(ports[1], b"R k " + token) == b"R k OK"
-    finally:
-        for n in nodes:
-            n.stop()
+            standby = ports[1]
+            waitFor(lambda standby=standby: answer(standby, b"R probe 1").startswith(
+                b"M R probe 127.0.0.1"), 30, what="the standby follows the active")
+            token = answer(ports[0], b"A k 60 0").split()[2]
+            killed = time.monotonic()
+            nodes[0].kill()
+            waitFor(lambda standby=standby: answer(standby, b"R probe 1") == b"R probe STALE", 8,
+                    interval=0.02, what="the standby took over")
+            took.append(time.monotonic() - killed)
+            assert answer(ports[1], b"R k " + token) == b"R k OK"
+        finally:
+            for n in nodes:
+                n.stop()
+        if took[-1] < 3:
+            break
+    assert min(took) < 3, took

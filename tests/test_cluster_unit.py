@@ -134,6 +134,21 @@ def test_a_turn_of_changes_goes_in_one_write() -> None:
     assert len(lines(follower)) == 50
 
 
+def test_a_turn_of_changes_costs_one_end_of_turn_call() -> None:
+    """
+    The stream leaves with the turn's answers: it schedules no flush of
+    its own while the lock service's turn is open (one C{callLater(0)} per
+    reactor turn, not two).
+    """
+    lab = Lab()
+    activeWithFollower(lab)
+    lab.client()
+    assert not lab.clock.getDelayedCalls()
+    lab.protocol.dataReceived(b"A k1 30 0\nA k2 30 0\n")
+    due = [c for c in lab.clock.getDelayedCalls() if c.getTime() <= lab.clock.seconds()]
+    assert len(due) == 1, due
+
+
 def test_every_connection_of_a_reactor_turn_shares_one_replication_write() -> None:
     """
     The connections the reactor found readable in one iteration are

@@ -12,7 +12,14 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import Logger
 
-from lockservice.cluster.peer import MISMATCH, HandshakeLimit, PeerChannel, acceptChannel
+from lockservice.cluster.peer import (
+    MISMATCH,
+    PACE_READS_BELOW,
+    READ_PACE,
+    HandshakeLimit,
+    PeerChannel,
+    acceptChannel,
+)
 
 PEERS = [b"10.0.0.1:7701", b"10.0.0.2:7702", b"10.0.0.3:7703"]
 
@@ -30,6 +37,7 @@ class Owner:
         self.failed: List[Tuple[int, bool, str]] = []
         self.messages: List[List[bytes]] = []
         self.sources: List[str] = []
+        self.lost: List[bool] = []
 
     def indexOf(self, entry: bytes) -> Optional[int]:
         return PEERS.index(entry) if entry in PEERS else None
@@ -38,7 +46,7 @@ class Owner:
         self.up.append(channel)
 
     def channelLost(self, channel: PeerChannel, clean: bool) -> None:
-        pass
+        self.lost.append(clean)
 
     def peerLines(self, channel: PeerChannel, lines: List[bytes]) -> None:
         self.messages.extend(line.split(b" ") for line in lines)
@@ -242,3 +250,83 @@ def test_an_inbound_mismatch_reports_the_connection_source() -> None:
     inbound.dataReceived(b"AUTH " + b"0" * 64 + b"\n")
     assert b.failed == [(0, False, MISMATCH)]
     assert b.sources == ["192.168.1.1:54321"], challenge
+
+
+# -- read pacing on a dialled link (the standby's side of replication) --------
+
+
+def test_a_stream_of_small_reads_pauses_the_dialled_link_briefly() -> None:
+    """
+    Writes arriving back to back (a busy active's replication stream) are
+    read together: after a second small read within READ_PACE the link
+    stops reading for READ_PACE, then reads again; nothing is lost.
+    """
+    a, b = Owner(0), Owner(1)
+    outbound, _, _ = dial(a, b)
+    transport = outbound.transport
+    assert isinstance(transport, StringTransport)
+    a.clock.advance(1)
+    outbound.dataReceived(b"G k1 1 2 3\n")
+    assert transport.producerState == "producing"  # a lone read never pauses
+    a.clock.advance(READ_PACE / 2)
+    outbound.dataReceived(b"G k2 1 2 3\n")
+    assert transport.producerState == "paused"
+    a.clock.advance(READ_PACE)
+    assert transport.producerState == "producing"
+    assert [m[1] for m in a.messages[-2:]] == [b"k1", b"k2"]
+
+
+def test_heartbeats_and_big_reads_never_pause() -> None:
+    a, b = Owner(0), Owner(1)
+    outbound, inbound, _ = dial(a, b)
+    transport = outbound.transport
+    assert isinstance(transport, StringTransport)
+    for _ in range(20):  # heartbeats: one read every 100 ms
+        a.clock.advance(0.1)
+        outbound.dataReceived(b"HB 1 active 1 5\n")
+        assert transport.producerState == "producing"
+    big = b"H k 1 2 3\n" * (PACE_READS_BELOW // 10 + 1)
+    for _ in range(3):  # a snapshot or a backlog: read as fast as it comes
+        outbound.dataReceived(big)
+        assert transport.producerState == "producing"
+    # The accepting side is never paced (its reading belongs to the
+    # client-port protocol's backpressure).
+    assert inbound is not None
+    inbound.dataReceived(b"HB 1 active 1 5\n")
+    inbound.dataReceived(b"HB 1 active 1 5\n")
+    assert isinstance(inbound.transport, StringTransport)
+    assert inbound.transport.producerState == "producing"
+
+
+def test_a_link_lost_while_paused_does_not_resume() -> None:
+    a, b = Owner(0), Owner(1)
+    outbound, _, _ = dial(a, b)
+    a.clock.advance(1)
+    outbound.dataReceived(b"G k1 1 2 3\n")
+    outbound.dataReceived(b"G k2 1 2 3\n")
+    assert a.clock.getDelayedCalls()
+    from twisted.internet.error import ConnectionDone
+    from twisted.python.failure import Failure
+    outbound.connectionLost(Failure(ConnectionDone()))
+    assert not [c for c in a.clock.getDelayedCalls() if c.active()]
+
+
+def test_a_reset_after_the_peers_fin_is_a_close() -> None:
+    """
+    How the socket ended decides between "the peer closed" (a FIN: its
+    process exited) and "network trouble" (a reset).  A reset that comes
+    after the peer's FIN (we wrote before reading the FIN, and the dead
+    peer's kernel answered with a reset) leaves EPIPE, not ECONNRESET: the
+    FIN came first, so it is a close.
+    """
+    from errno import ECONNRESET, EPIPE
+
+    from twisted.internet.error import ConnectionDone
+    from twisted.python.failure import Failure
+
+    for error, clean in ((0, True), (EPIPE, True), (ECONNRESET, False)):
+        a, b = Owner(0), Owner(1)
+        outbound, _, _ = dial(a, b)
+        outbound._socketError(error, Failure(ConnectionDone()))
+        outbound.connectionLost(Failure(ConnectionDone()))
+        assert a.lost == [clean], error

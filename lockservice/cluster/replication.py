@@ -36,7 +36,7 @@ from zope.interface import implementer
 
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
-from lockservice.internals import flushToKernel, nothingBuffered, plainSocket
+from lockservice.internals import flushToKernel, nothingBuffered
 
 if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
@@ -54,7 +54,7 @@ def writeNow(channel: PeerChannel, data: bytes) -> None:
     encrypted bytes).  Either way a kill -9 right after cannot lose it.
     """
     transport: Any = channel.transport
-    sock = plainSocket(transport)
+    sock = channel.socket
     if sock is not None and nothingBuffered(transport):
         try:
             sent = sock.send(data)
@@ -140,9 +140,10 @@ class Stream:
         if not any(c.replicating for c in self.cluster.links.inbound.values()):
             return
         self.pending.append(line)
-        if self._flushLater is None:
-            # Changes that no client answer follows (an expiry with no
-            # waiter) still leave within this reactor turn.
+        if self._flushLater is None and self.cluster.locks.turn is None:
+            # Outside the lock service's turns (which flush us when they
+            # close, answers or not), changes still leave within this
+            # reactor iteration.
             self._flushLater = self.cluster.clock.callLater(0, self.flush)
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,

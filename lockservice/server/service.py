@@ -651,6 +651,10 @@ class LockService(Service):
                 self._endOfTurn.cancel()
             self._endOfTurn = None
         turn, self.turn = self.turn, None
+        if self.beforeAnswerHooks:
+            # Also for a turn that made changes but answers nobody (an
+            # expiry with no waiter): they must not wait for a later answer.
+            self.beforeAnswer()
         for conn in turn or ():
             try:
                 conn.flushAnswers()
