@@ -226,10 +226,26 @@ def test_a_forged_huge_token_or_term_changes_nothing() -> None:
 
 def test_stream_lines_from_a_non_leader_are_ignored() -> None:
     lab = Lab(me=2)
-    following(lab, leader=0)
+    leader = following(lab, leader=0)
     other = lab.link(1, outbound=True)
     lab.hear(other, b"G k 9 5000000 0")
     assert dict(lab.locks.heldKeys()) == {}
+    lab.hear(leader, b"G k 10 5000000 0")
+    lab.hear(other, b"D k 10")
+    assert [(k, h.token) for k, h in lab.locks.heldKeys()] == [(b"k", 10)]
+
+
+def test_a_run_of_changes_applies_in_order_and_skips_bad_lines() -> None:
+    """
+    A busy stream alternates grants and drops; one run is applied in
+    order, a malformed line is skipped (and logged), the rest still apply.
+    """
+    lab = Lab(me=1)
+    leader = following(lab)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND",
+             b"G a 11 5000000 0", b"D a 11", b"G a 12 5000000 0", b"D zz",
+             b"G b 13 5000000 0", b"D b 99", b"G c 14 5000000 0", b"D c 14")
+    assert sorted((k, h.token) for k, h in lab.locks.heldKeys()) == [(b"a", 12), (b"b", 13)]
 
 
 # -- merge on heal -------------------------------------------------------------

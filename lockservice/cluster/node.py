@@ -58,6 +58,9 @@ FLUSH_BEFORE_EXIT = 0.1
 # its stream before it serves anyway (in units of --peer-timeout): a peer
 # that neither dies nor follows us is not our standby.
 SUBSCRIBE_BOUND = 2.0
+# Replication lines that change held keys (grant, snapshot holder, drop):
+# runs of them are applied in bulk (Stream.applyChanges).
+_CHANGES = (b"H ", b"G ", b"D ")
 
 
 class Cluster(Service):
@@ -308,7 +311,7 @@ class Cluster(Service):
 
     def peerLines(self, channel: PeerChannel, lines: List[bytes]) -> None:
         """
-        Lines from an authenticated peer.  Runs of held-key lines (a
+        Lines from an authenticated peer.  Runs of changes (a
         snapshot, a busy stream) are applied in bulk.
         """
         j = channel.remote
@@ -319,11 +322,11 @@ class Cluster(Service):
         while i < count:
             if channel.closing or transport.disconnecting:
                 return
-            if lines[i][:2] in (b"H ", b"G "):
+            if lines[i][:2] in _CHANGES:
                 end = i + 1
-                while end < count and lines[end][:2] in (b"H ", b"G "):
+                while end < count and lines[end][:2] in _CHANGES:
                     end += 1
-                self.stream.applyHolders(j, channel, lines[i:end])
+                self.stream.applyChanges(j, channel, lines[i:end])
                 i = end
                 continue
             self.peerMessage(channel, lines[i].rstrip(b"\r").split(b" "))

@@ -231,11 +231,8 @@ class Stream:
         """
         cluster = self.cluster
         kind = fields[0]
-        if kind in (b"G", b"H"):
-            self.applyHolders(j, channel, [b" ".join(fields)])
-        elif kind == b"D":
-            if cluster.fromLeader(j, channel):
-                cluster.locks.dropHolder(fields[1], int(fields[2]))
+        if kind in (b"G", b"H", b"D"):
+            self.applyChanges(j, channel, [b" ".join(fields)])
         elif kind == b"SYNC":
             if not channel.outbound:
                 self.startSnapshot(channel)
@@ -257,24 +254,27 @@ class Stream:
         else:
             raise ValueError(kind)
 
-    def applyHolders(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
+    def applyChanges(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
         """
-        A run of C{H}/C{G} lines (held keys) from peer C{j}, applied with
-        no per-line dispatch: a snapshot of a million keys is mostly this.
+        A run of C{H}/C{G} (held keys) and C{D} (dropped) lines from peer
+        C{j}, applied with no per-line dispatch: a busy stream is mostly
+        this, and so is a snapshot of a million keys.
         """
         cluster = self.cluster
         if not cluster.fromLeader(j, channel):
             return
         now = cluster.clock.seconds()
         limit = cluster.wallMicros() + PLAUSIBLE_AHEAD
-        install = cluster.locks.table.install
+        install, drop = cluster.locks.table.install, cluster.locks.dropHolder
         for line in lines:
             fields = line.rstrip(b"\r").split(b" ")
             try:
-                token = int(fields[2])
+                key, token = fields[1], int(fields[2])
+                if fields[0] == b"D":
+                    drop(key, token)
+                    continue
                 expiresAt = now + int(fields[3]) / 1e6
                 grantedAt = now - int(fields[4]) / 1e6
-                key = fields[1]
             except (IndexError, ValueError):
                 cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
                 continue
