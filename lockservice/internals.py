@@ -126,6 +126,42 @@ def watchSocketError(transport: Any, record: Any) -> bool:
     return True
 
 
+# Linux ioctl: bytes in a TCP socket's send queue not sent yet (the peer's
+# window is closed); sent bytes have reached the peer's host, or are in
+# flight and retransmitted by the kernel even after this process dies.
+SIOCOUTQNSD = 0x894B
+
+
+def leftUnsent(transport: Any) -> bool:
+    """
+    True when something written on C{transport} (plain TCP, or TLS over
+    TCP) has not left this host yet: it still waits in Twisted's buffers,
+    or in the kernel's send queue because the peer does not read (a
+    stopped or overloaded standby).  Such bytes die with this process.
+    False for transports of unknown layout (tests): nothing to wait for.
+    """
+    import fcntl
+    import struct
+
+    from twisted.internet.tcp import Connection
+
+    aggregator = getattr(transport, "_aggregator", None)
+    if aggregator is not None and getattr(aggregator, "_buffer", None):
+        return True
+    tcp = transport if isinstance(transport, Connection) else getattr(transport, "transport", None)
+    if not isinstance(tcp, Connection) or tcp.disconnected:
+        return False
+    if not all(hasattr(tcp, a) for a in ("_tempDataLen", "dataBuffer", "offset", "socket")):
+        return False
+    if tcp._tempDataLen or tcp.offset < len(tcp.dataBuffer):
+        return True
+    try:
+        unsent = struct.unpack("i", fcntl.ioctl(tcp.socket.fileno(), SIOCOUTQNSD, b"\0" * 4))[0]
+    except (OSError, ValueError):
+        return False  # not Linux, or the socket just closed
+    return bool(unsent)
+
+
 def flushToKernel(transport: Any) -> None:
     """
     Hand what C{transport} (plain TCP, or TLS over TCP) holds in Twisted's

@@ -11,7 +11,7 @@ import signal
 import socket
 import time
 import urllib.request
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -239,6 +239,62 @@ def test_kill_9_right_after_the_answers_loses_nothing_a_client_saw(cluster) -> N
     assert not isHeld(node1.port, b"released")
     for i in (0, 50, 99):
         assert isHeld(node1.port, b"k%d" % i)
+
+
+def test_answers_given_while_the_standby_is_stopped_survive_a_kill_9(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    A standby that does not read (SIGSTOP, or too slow) must not let the
+    active answer changes that exist only in the active's own send queue:
+    kill -9 resets the connection and that queue is gone.  Pipeline 30,000
+    acquires while the standby is stopped, 100 every 2 ms, kill the active 0.4 s later
+    (less than --peer-timeout, after which the active cuts a standby that
+    reads nothing), resume the standby: every acquire a client saw
+    answered is held by the new active, with its token.
+    """
+    import select
+
+    c = cluster(2)
+    node0, node1 = c.nodes
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    grant(node0.port, b"warm-up")
+    answered: Dict[bytes, bytes] = {}
+    node1.signal(signal.SIGSTOP)
+    try:
+        sock = socket.create_connection(("127.0.0.1", node0.port))
+        sock.setblocking(False)
+        # 100 acquires every 2 ms: the first ones fit in the stopped
+        # standby's socket buffer (and may be answered), the rest do not.
+        chunks = [b"".join(b"A s%d 60 0\n" % i for i in range(n, n + 100))
+                  for n in range(0, 30000, 100)]
+        out = b""
+        buffer = b""
+        nextChunk = time.monotonic()
+        stopAt = nextChunk + 0.4
+        while time.monotonic() < stopAt:
+            if chunks and not out and time.monotonic() >= nextChunk:
+                out = chunks.pop(0)
+                nextChunk += 0.002
+            readable, writable, _ = select.select([sock], [sock] if out else [], [], 0.002)
+            if writable:
+                out = out[sock.send(out):]
+            if readable:
+                data = sock.recv(1 << 20)
+                assert data, "the active closed the connection"
+                buffer += data
+        node0.kill()
+        sock.close()
+    finally:
+        node1.signal(signal.SIGCONT)
+    for line in buffer.split(b"\n")[:-1]:
+        fields = line.split()
+        assert fields[0] == b"A", line
+        answered[fields[1]] = fields[2]
+    assert answered, f"no acquire was answered before the kill ({len(chunks)} chunks unsent)"
+    waitFor(lambda: probeRole(node1.port) == "active", 15, what="node1 active")
+    with LineClient(node1.port) as conn:
+        conn.send(b"".join(b"R %s %s\n" % item for item in answered.items()))
+        lost = [a for a in (conn.readline(timeout=10) for _ in answered) if not a.endswith(b" OK")]
+    assert lost == [], f"{len(lost)} of {len(answered)} answered grants lost: {lost[:5]}"
 
 
 def _renewedSurvives(c, move) -> None:  # type: ignore[no-untyped-def]

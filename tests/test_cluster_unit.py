@@ -173,6 +173,60 @@ def test_every_connection_of_a_reactor_turn_shares_one_replication_write() -> No
         assert protocol.transport.value().startswith(b"A c%d " % i)  # type: ignore[union-attr]
 
 
+def test_answers_wait_while_a_standby_leaves_the_stream_unread() -> None:
+    """
+    A stopped or overloaded standby leaves our writes in this host's send
+    queue, where a kill -9 would lose them: the answers that report those
+    changes (and every answer after them) wait until it has taken them.
+    """
+    from lockservice.server.service import HOLD_RETRY
+
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    unsent = {"now": True}
+    lab.cluster.stream.leftUnsent = lambda transport: unsent["now"]
+    lab.client()
+    client = lab.protocol.transport
+    assert lab.ask(b"A k 30 0") == b""  # held: the standby has not taken it
+    assert lab.ask(b"P x") == b""  # answers keep their order behind it
+    lab.clock.advance(HOLD_RETRY)
+    assert client.value() == b""  # type: ignore[union-attr]
+    unsent["now"] = False
+    lab.clock.advance(HOLD_RETRY)
+    answers = client.value().split(b"\n")  # type: ignore[union-attr]
+    assert answers[0].startswith(b"A k ") and answers[1] == b"P x"
+    assert [line.split()[0] for line in lines(follower)] == [b"G"]
+
+
+def test_a_standby_that_reads_nothing_for_peer_timeout_is_cut_off() -> None:
+    from lockservice.server.service import HOLD_RETRY
+
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    lab.cluster.stream.leftUnsent = lambda transport: True
+    lab.client()
+    assert lab.ask(b"A k 30 0") == b""
+    waited = 0.0
+    while not lab.protocol.transport.value() and waited < 5:  # type: ignore[union-attr]
+        lab.clock.advance(HOLD_RETRY * 10)
+        waited += HOLD_RETRY * 10
+    assert lab.protocol.transport.value().startswith(b"A k ")  # type: ignore[union-attr]
+    assert lab.cluster.peerTimeout <= waited < lab.cluster.peerTimeout + 0.1
+    assert follower.lagging and follower.transport.disconnecting  # type: ignore[attr-defined]
+
+
+def test_a_follower_still_syncing_is_not_waited_for() -> None:
+    lab = Lab()
+    lab.cluster.term = NOW_US
+    lab.cluster.setRole(ACTIVE)
+    follower = lab.link(1, outbound=False)
+    lab.hear(follower, b"SYNC")  # its snapshot is not sent yet
+    lab.cluster.stream.leftUnsent = lambda transport: True
+    assert not follower.synced
+    lab.client()
+    assert lab.ask(b"P x") == b"P x\n"
+
+
 def test_an_expiry_with_no_answer_leaves_in_the_same_turn() -> None:
     lab = Lab()
     follower = activeWithFollower(lab)

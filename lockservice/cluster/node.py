@@ -294,7 +294,8 @@ class Cluster(Service):
             return
         j = channel.remote
         assert j is not None
-        if channel.replicating:
+        if channel.replicating and not channel.lagging:
+            # (A follower we cut off for not reading is not waited for.)
             self.gate()
         current = self.handoffs.current
         if not channel.outbound and current is not None and current.successor == j:

@@ -133,6 +133,10 @@ class PeerChannel:
         self.synced = False
         self.snapshot: Optional[Any] = None
         self.closing = False
+        # (replication) since when a follower has left our writes unread,
+        # and whether we cut it off for that.
+        self.behindSince: Optional[float] = None
+        self.lagging = False
         self.socketError = 0
         self.tcpReason: Optional[Failure] = None
         watchSocketError(transport, self._socketError)

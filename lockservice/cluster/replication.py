@@ -36,7 +36,7 @@ from zope.interface import implementer
 
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
-from lockservice.internals import flushToKernel, nothingBuffered
+from lockservice.internals import flushToKernel, leftUnsent, nothingBuffered
 
 if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
@@ -130,6 +130,8 @@ class Stream:
         self.cluster = cluster
         self.pending: List[bytes] = []
         self._flushLater: Optional[IDelayedCall] = None
+        # Whether a transport still holds unsent bytes (a seam for tests).
+        self.leftUnsent = leftUnsent
 
     # -- the sending side (a LockService observer) -------------------------
 
@@ -159,20 +161,63 @@ class Stream:
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
         self._queue(b"D %s %d\n" % (key, token))
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
         """
         Write every pending change to every follower, one write each.
+
+        @return: whether clients may hear about the changes now: every
+            synchronised follower has taken everything written to it (see
+            L{caughtUp}).
         """
         if self._flushLater is not None:
             if self._flushLater.active():
                 self._flushLater.cancel()
             self._flushLater = None
-        if not self.pending:
-            return
-        data = b"".join(self.pending)
-        self.pending = []
-        for channel in self._followers():
-            writeNow(channel, data)
+        followers = self._followers()
+        if self.pending:
+            data = b"".join(self.pending)
+            self.pending = []
+            for channel in followers:
+                writeNow(channel, data)
+        return self.caughtUp(followers)
+
+    def caughtUp(self, followers: List[PeerChannel]) -> bool:
+        """
+        Whether every synchronised follower has taken all we wrote to it.
+
+        A kernel socket takes a write at once while the standby reads; when
+        it does not (stopped, overloaded), the stream stays in this host's
+        send queue, and a kill -9 of this process would lose it (a process
+        killed with unread input resets its connections, which drops that
+        queue).  So the lock service holds client answers until the stream
+        has left; a follower that takes nothing for --peer-timeout is cut
+        off (it syncs again when it comes back) rather than stop the
+        service.  A follower still receiving its snapshot is not waited
+        for: it is not a replica yet.
+        """
+        ready = True
+        now = -1.0
+        for channel in followers:
+            if not channel.synced:
+                continue
+            if not self.leftUnsent(channel.transport):
+                channel.behindSince = None
+                continue
+            if now < 0:
+                now = self.cluster.clock.seconds()
+            if channel.behindSince is None:
+                channel.behindSince = now
+            elif now - channel.behindSince >= self.cluster.peerTimeout:
+                self.cluster.log.warn(
+                    "{peer} took no replication for {seconds:.1f} s: link closed, "
+                    "it syncs again when it reads",
+                    peer=self.cluster.name(channel.remote) if channel.remote is not None else "?",
+                    seconds=now - channel.behindSince)
+                channel.lagging = True
+                channel.close(abort=True)
+                continue
+            ready = False
+        return ready
 
     def startSnapshot(self, channel: PeerChannel) -> None:
         """

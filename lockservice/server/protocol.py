@@ -234,8 +234,11 @@ class LockProtocol(LineOnlyReceiver):
         if turn is not None:
             self._batch = [data]
             turn.append(self)
-        else:
+        elif self.service.mayAnswerNow():
             self._send(data)
+        else:
+            self._batch = [data]
+            self.service.hold(self)
 
     def flushAnswers(self) -> None:
         batch, self._batch = self._batch, None
@@ -245,7 +248,7 @@ class LockProtocol(LineOnlyReceiver):
     def _send(self, data: bytes) -> None:
         # When nothing is buffered we send at once and hand only what the
         # kernel did not take to the transport (see internals.nothingBuffered).
-        self.service.beforeAnswer()
+        # The service checked its beforeAnswer hooks (replication) first.
         transport: Any = self.transport
         if self._socket is not None and nothingBuffered(transport):
             try:

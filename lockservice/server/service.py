@@ -63,6 +63,10 @@ _FILED = (ACTIVE, HANDING_OFF)
 # reactor turn.
 CHUNK_BUDGET = 1000
 
+# While answers are held (a standby has not taken the changes yet), how
+# often to look again.
+HOLD_RETRY = 0.001
+
 
 def _leaseBucket(at: float) -> int:
     """
@@ -279,7 +283,7 @@ class LockService(Service):
         self.activity: List[ActivityObserver] = []
         # Called before any answer is written to a client (the cluster
         # writes its replication stream to the standbys there).
-        self.beforeAnswerHooks: List[Callable[[], None]] = []
+        self.beforeAnswerHooks: List[Callable[[], Optional[bool]]] = []
         self.role = ACTIVE
         self.activeAddress: Optional[bytes] = None
         self.startedAt = clock.seconds()
@@ -288,6 +292,10 @@ class LockService(Service):
         # Connections whose answers are being gathered in this reactor turn.
         self.turn: Optional[List[AnswerSink]] = None
         self._endOfTurn: Optional[IDelayedCall] = None
+        # Connections whose answers wait for a hook (in order), and the
+        # call that checks again.
+        self._held: List[AnswerSink] = []
+        self._retryHeld: Optional[IDelayedCall] = None
         # Lease deadlines, by millisecond bucket (L{_leaseBucket}): a heap of
         # bucket numbers, and per bucket the keys whose lease ends in it (a
         # bare key while it is the only one).  Grants made close together
@@ -401,12 +409,49 @@ class LockService(Service):
         elif self.role == HANDING_OFF:
             self._fileLease(key, now + remaining)  # armed when it serves again
 
-    def beforeAnswer(self) -> None:
+    def beforeAnswer(self) -> bool:
         """
         Run the hooks that must complete before a client hears an answer.
+
+        @return: True when answers may go out now; False when a hook says
+            they must wait (a standby has not yet taken the changes they
+            report): then they are held, in order, until it has.
         """
+        ready = True
         for hook in self.beforeAnswerHooks:
-            hook()
+            if hook() is False:
+                ready = False
+        return ready
+
+    def mayAnswerNow(self) -> bool:
+        """
+        Whether an answer given outside a turn may be sent at once: nothing
+        is held and every hook agrees.
+        """
+        if self._held:
+            return False
+        return not self.beforeAnswerHooks or self.beforeAnswer()
+
+    def hold(self, conn: AnswerSink) -> None:
+        """
+        Keep C{conn}'s gathered answers until the hooks agree (after every
+        answer held before them).
+        """
+        self._held.append(conn)
+        if self._retryHeld is None:
+            self._retryHeld = self.clock.callLater(HOLD_RETRY, self._releaseHeld)
+
+    def _releaseHeld(self) -> None:
+        self._retryHeld = None
+        if not self.beforeAnswer():
+            self._retryHeld = self.clock.callLater(HOLD_RETRY, self._releaseHeld)
+            return
+        held, self._held = self._held, []
+        for conn in held:
+            try:
+                conn.flushAnswers()
+            except Exception:
+                self._internalError("sending answers")
 
     def dropHolder(self, key: bytes, token: int) -> None:
         """
@@ -654,7 +699,13 @@ class LockService(Service):
         if self.beforeAnswerHooks:
             # Also for a turn that made changes but answers nobody (an
             # expiry with no waiter): they must not wait for a later answer.
-            self.beforeAnswer()
+            ready = self.beforeAnswer()
+            if self._held or not ready:
+                for conn in turn or ():
+                    self.hold(conn)
+                if not ready and self._retryHeld is None:
+                    self._retryHeld = self.clock.callLater(HOLD_RETRY, self._releaseHeld)
+                return
         for conn in turn or ():
             try:
                 conn.flushAnswers()
