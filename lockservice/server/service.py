@@ -389,7 +389,9 @@ class LockService(Service):
 
     def heldKeys(self) -> Iterator[Tuple[bytes, Holder]]:
         """
-        Every held key with its current grant (for snapshots and status).
+        Every held key with a view of its current grant (read each at once:
+        a view of a grant that has ended raises
+        L{lockservice.core.table.StaleHolder}).
         """
         return self.table.holders()
 
