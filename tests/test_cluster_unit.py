@@ -361,15 +361,47 @@ def test_a_reset_link_is_not_a_dead_peer_but_silence_is() -> None:
     assert not lab.cluster.views[0].alive and lab.cluster.role == ACTIVE
 
 
+def ticks(lab: Lab, seconds: float) -> None:
+    """
+    Run the heartbeat timer every 0.1 s for C{seconds}.
+    """
+    for _ in range(round(seconds / 0.1)):
+        lab.clock.advance(0.1)
+        lab.cluster.tick()
+
+
 def test_a_silent_link_is_closed_for_a_redial() -> None:
     lab = Lab(me=1)
     leader = following(lab)
-    lab.clock.advance(0.5)
-    lab.cluster.tick()
+    ticks(lab, 0.5)
     assert not leader.transport.disconnecting  # type: ignore[attr-defined]
-    lab.clock.advance(0.6)
-    lab.cluster.tick()
+    ticks(lab, 0.6)
     assert leader.closing and 0 not in lab.cluster.links.outbound
+
+
+def test_a_standby_that_was_stopped_reads_before_it_judges_silence() -> None:
+    """
+    A standby stopped (SIGSTOP, starved) for longer than --peer-timeout
+    finds on resuming that it heard nothing "for" that long, while the
+    active's heartbeats wait unread in its socket.  It reads them first
+    (one reactor iteration) instead of promoting itself.
+    """
+    lab = Lab(me=1)
+    leader = following(lab)
+    lab.hear(leader, b"HB %d active - 5" % NOW_US)
+    ticks(lab, 0.3)
+    lab.clock.advance(1.5)  # stopped
+    lab.cluster.tick()  # timers run first on resuming
+    assert lab.cluster.views[0].alive and not leader.closing
+    lab.hear(leader, b"HB %d active - 5" % NOW_US)  # what waited in the socket
+    lab.clock.advance(0)
+    assert lab.cluster.views[0].alive and not leader.closing
+    assert lab.cluster.role != ACTIVE
+    # Had nothing been waiting, the active is silent indeed.
+    lab.clock.advance(1.5)
+    lab.cluster.tick()
+    lab.clock.advance(0)
+    assert not lab.cluster.views[0].alive and leader.closing
 
 
 # -- snapshots ----------------------------------------------------------------------

@@ -27,6 +27,7 @@ token space.
 
 from __future__ import annotations
 
+from math import inf
 from typing import Any, Callable, Dict, List, Optional
 
 from twisted.application.service import Service
@@ -121,6 +122,9 @@ class Cluster(Service):
         self._unsubscribedSince: Dict[int, float] = {}
         self._mergeOnSync = False
         self._beat: Optional[LoopingCall] = None
+        self._lastTick: Optional[float] = None
+        self._frozenAt = -inf  # when this active last stopped serving
+        self._catchingUp = False
         self._implausibleLogged: Dict[int, float] = {}
         locks.observers.append(self.stream)
         locks.beforeAnswerHooks.append(self.stream.flush)
@@ -235,6 +239,18 @@ class Cluster(Service):
     # -- heartbeats and liveness -----------------------------------------------
 
     def tick(self) -> None:
+        now = self.clock.seconds()
+        late = self._lastTick is not None and now - self._lastTick > self.peerTimeout / 2
+        self._lastTick = now
+        if late and not self._catchingUp:
+            # This process did not run for a while (stopped, starved): what
+            # the peers sent meanwhile still waits unread in our sockets,
+            # and timers run before reads.  Read first (one reactor
+            # iteration), then judge who is silent.
+            self._catchingUp = True
+            self.clock.callLater(0, self.tick)
+            return
+        self._catchingUp = False
         self.links.closeSilent()
         self.refreshViews()
         self.broadcastHeartbeat()
@@ -454,11 +470,15 @@ class Cluster(Service):
             self.serving = serving
             self.locks.setRole(ACTIVE if serving else HANDING_OFF, self.activeAddress())
             if serving:
+                since = max(self.activeSince, self._frozenAt)
                 self.log.info("serving: {peers} live peer(s) receive the stream "
-                              "({ms:.0f} ms after this node became active)",
+                              "({ms:.0f} ms after this node {what})",
                               peers=len(self.views) - len(missing),
-                              ms=(now - self.activeSince) * 1000)
+                              ms=(now - since) * 1000,
+                              what="became active" if since == self.activeSince
+                              else "stopped serving")
             else:
+                self._frozenAt = now
                 self.log.info("not serving until {peers} receive(s) the stream",
                               peers=", ".join(self.name(j) for j in missing))
 
