@@ -10,7 +10,7 @@ the oldest and the newest Twisted of the tox matrix.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, cast
+from typing import Any, Callable, List, Optional, cast
 
 from twisted.application.internet import ClientService, StreamServerEndpointService
 from twisted.logger import ILogObserver, Logger
@@ -132,34 +132,46 @@ def watchSocketError(transport: Any, record: Any) -> bool:
 SIOCOUTQNSD = 0x894B
 
 
-def leftUnsent(transport: Any) -> bool:
+def unsentProbe(transport: Any) -> Callable[[], bool]:
     """
-    True when something written on C{transport} (plain TCP, or TLS over
-    TCP) has not left this host yet: it still waits in Twisted's buffers,
-    or in the kernel's send queue because the peer does not read (a
-    stopped or overloaded standby).  Such bytes die with this process.
-    False for transports of unknown layout (tests): nothing to wait for.
+    Made once per connection: a function that tells, cheaply (it runs for
+    every standby at every reactor turn with changes), whether something
+    written on C{transport} (plain TCP, or TLS over TCP) has not left this
+    host yet: it still waits in Twisted's buffers, or in the kernel's send
+    queue because the peer does not read (a stopped or overloaded standby).
+    Such bytes die with this process.  For a transport of unknown layout
+    (tests) it always says False: nothing to wait for.
     """
     import fcntl
     import struct
 
     from twisted.internet.tcp import Connection
 
-    aggregator = getattr(transport, "_aggregator", None)
-    if aggregator is not None and getattr(aggregator, "_buffer", None):
-        return True
     tcp = transport if isinstance(transport, Connection) else getattr(transport, "transport", None)
-    if not isinstance(tcp, Connection) or tcp.disconnected:
-        return False
-    if not all(hasattr(tcp, a) for a in ("_tempDataLen", "dataBuffer", "offset", "socket")):
-        return False
-    if tcp._tempDataLen or tcp.offset < len(tcp.dataBuffer):
-        return True
+    if not isinstance(tcp, Connection) or not all(
+        hasattr(tcp, a) for a in ("_tempDataLen", "dataBuffer", "offset", "socket")
+    ):
+        return lambda: False
     try:
-        unsent = struct.unpack("i", fcntl.ioctl(tcp.socket.fileno(), SIOCOUTQNSD, b"\0" * 4))[0]
-    except (OSError, ValueError):
-        return False  # not Linux, or the socket just closed
-    return bool(unsent)
+        fd = tcp.socket.fileno()
+    except OSError:
+        return lambda: False
+    tls = transport is not tcp
+    ioctl, unpack, request = fcntl.ioctl, struct.unpack, bytes(4)
+
+    def leftUnsent() -> bool:
+        if tls and getattr(getattr(transport, "_aggregator", None), "_buffer", None):
+            return True
+        if tcp._tempDataLen or tcp.offset < len(tcp.dataBuffer):
+            return True
+        if tcp.disconnected:
+            return False
+        try:
+            return bool(unpack("i", ioctl(fd, SIOCOUTQNSD, request))[0])
+        except OSError:
+            return False  # not Linux, or the socket just closed
+
+    return leftUnsent
 
 
 def flushToKernel(transport: Any) -> None:

@@ -184,7 +184,7 @@ def test_answers_wait_while_a_standby_leaves_the_stream_unread() -> None:
     lab = Lab()
     follower = activeWithFollower(lab)
     unsent = {"now": True}
-    lab.cluster.stream.leftUnsent = lambda transport: unsent["now"]
+    lab.cluster.stream.leftUnsent = lambda channel: unsent["now"]
     lab.client()
     client = lab.protocol.transport
     assert lab.ask(b"A k 30 0") == b""  # held: the standby has not taken it
@@ -203,7 +203,7 @@ def test_a_standby_that_reads_nothing_for_peer_timeout_is_cut_off() -> None:
 
     lab = Lab()
     follower = activeWithFollower(lab)
-    lab.cluster.stream.leftUnsent = lambda transport: True
+    lab.cluster.stream.leftUnsent = lambda channel: True
     lab.client()
     assert lab.ask(b"A k 30 0") == b""
     waited = 0.0
@@ -221,7 +221,7 @@ def test_a_follower_still_syncing_is_not_waited_for() -> None:
     lab.cluster.setRole(ACTIVE)
     follower = lab.link(1, outbound=False)
     lab.hear(follower, b"SYNC")  # its snapshot is not sent yet
-    lab.cluster.stream.leftUnsent = lambda transport: True
+    lab.cluster.stream.leftUnsent = lambda channel: True
     assert not follower.synced
     lab.client()
     assert lab.ask(b"P x") == b"P x\n"

@@ -190,3 +190,46 @@ def test_flushToKernelSendsWhatTwistedBuffered() -> Any:
         transport.loseConnection()
     finally:
         listener.close()
+
+
+def test_unsentProbeOnTestTransportsSaysNothingIsLeft() -> None:
+    assert internals.unsentProbe(StringTransport())() is False
+
+
+@pytest_twisted.inlineCallbacks
+def test_unsentProbeSeesWhatAPeerThatDoesNotReadLeavesHere() -> Any:
+    """
+    On a real TCP connection: nothing left after a write the peer's kernel
+    took; bytes left (in Twisted's buffer, then in our kernel's unsent
+    queue) once the peer stops reading and its window is full.
+    """
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        proto = _Keep()
+        proto.made = Deferred()
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
+        yield connectProtocol(endpoint, proto)
+        transport = yield proto.made
+        accepted, _ = listener.accept()  # and never reads
+        left = internals.unsentProbe(transport)
+        assert left() is False
+        transport.write(b"x" * 10)
+        assert left() is True  # in Twisted's buffer
+        internals.flushToKernel(transport)
+        assert left() is False  # the peer's kernel took it
+        sock = internals.plainSocket(transport)
+        assert sock is not None
+        sock.setblocking(False)
+        try:
+            while True:
+                sock.send(b"y" * 65536)
+        except BlockingIOError:
+            pass
+        assert left() is True  # the peer's window is full: unsent, here
+        accepted.close()
+        transport.abortConnection()
+    finally:
+        listener.close()

@@ -40,7 +40,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from lockservice.internals import plainSocket, watchSocketError
+from lockservice.internals import plainSocket, unsentProbe, watchSocketError
 from lockservice.tcp import noDelay
 
 PROTOCOL_VERSION = b"2"
@@ -140,8 +140,10 @@ class PeerChannel:
         self.socketError = 0
         self.tcpReason: Optional[Failure] = None
         watchSocketError(transport, self._socketError)
-        # Where replication may write straight to the kernel (plain TCP).
+        # Where replication may write straight to the kernel (plain TCP),
+        # and whether what we wrote has left this host (see Stream.caughtUp).
         self.socket = plainSocket(transport)
+        self.leftUnsent = unsentProbe(transport)
         self.lastReceived = cluster.clock.seconds()
         self._buffer = b""
         self._step = "challenge" if outbound else "hello"

@@ -29,14 +29,14 @@ ends with the leader's state whatever changed meanwhile.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from twisted.internet.interfaces import IDelayedCall, IPullProducer
 from zope.interface import implementer
 
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
-from lockservice.internals import flushToKernel, leftUnsent, nothingBuffered
+from lockservice.internals import flushToKernel, nothingBuffered
 
 if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
@@ -130,8 +130,8 @@ class Stream:
         self.cluster = cluster
         self.pending: List[bytes] = []
         self._flushLater: Optional[IDelayedCall] = None
-        # Whether a transport still holds unsent bytes (a seam for tests).
-        self.leftUnsent = leftUnsent
+        # Whether a follower's link still holds unsent bytes (a seam for tests).
+        self.leftUnsent: Callable[[PeerChannel], bool] = lambda channel: channel.leftUnsent()
 
     # -- the sending side (a LockService observer) -------------------------
 
@@ -200,7 +200,7 @@ class Stream:
         for channel in followers:
             if not channel.synced:
                 continue
-            if not self.leftUnsent(channel.transport):
+            if not self.leftUnsent(channel):
                 channel.behindSince = None
                 continue
             if now < 0:
