@@ -70,8 +70,15 @@ def grant(node: Node, key: bytes) -> int:
 
 
 def release(node: Node, key: bytes, token: int) -> bytes:
-    with LineClient(node.port, host=node.host) as c:
-        return c.ask(b"R %s %d" % (key, token), timeout=10)
+    # Retried like grant: right after a heal the one active may still wait
+    # for its peers to subscribe ("M R <key> *", retry, says SPEC).
+    deadline = time.monotonic() + 15
+    while True:
+        with LineClient(node.port, host=node.host) as c:
+            answer = c.ask(b"R %s %d" % (key, token), timeout=10)
+        if answer != b"M R " + key + b" *" or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.05)
 
 
 def partitionHeals(lab, seconds: float) -> float:  # type: ignore[no-untyped-def]
