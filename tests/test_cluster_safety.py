@@ -297,6 +297,26 @@ def test_answers_given_while_the_standby_is_stopped_survive_a_kill_9(cluster) ->
     assert lost == [], f"{len(lost)} of {len(answered)} answered grants lost: {lost[:5]}"
 
 
+@pytest.mark.parametrize("move", ["kill", "interrupt"])
+def test_a_lease_held_at_a_failover_still_runs_out(cluster, move) -> None:  # type: ignore[no-untyped-def]
+    """
+    The successor takes over the replicated leases with their remaining
+    time: a key whose holder vanished is free once its lease ends (it was
+    held for good after a failover or a handoff, a black-box finding).
+    """
+    c = cluster(2)
+    node0, node1 = c.nodes
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    grant(node0.port, b"short", b"2")
+    granted = time.monotonic()
+    getattr(node0, move)()
+    waitFor(lambda: probeRole(node1.port) == "active", 15, what="node1 active")
+    with LineClient(node1.port) as conn:
+        answer = conn.ask(b"A short 30 10", timeout=15)
+    assert answer.startswith(b"A short "), answer
+    assert time.monotonic() - granted < 8
+
+
 def _renewedSurvives(c, move) -> None:  # type: ignore[no-untyped-def]
     """
     Grant with a 2 s lease, renew it to 60 s, move the active role with

@@ -225,3 +225,22 @@ def test_a_standby_files_no_leases_and_refiles_all_when_promoted() -> None:
     locks.setRole(ACTIVE, None)
     clock.advance(0)
     assert sorted(k for k, _ in expiries.seen) == [b"k", b"mirrored"]
+
+
+def test_a_standby_promoted_through_a_frozen_moment_expires_its_mirrored_leases() -> None:
+    """
+    A promoted standby is first frozen (handing off) until its peers take
+    its stream, then serves: the leases it mirrored must be filed on the
+    way, or they never run out (black-box finding: every key held at a
+    failover stayed held for good).
+    """
+    locks, clock, expiries, conn = service()
+    locks.setRole(STANDBY, None)
+    locks.installHolder(b"mirrored", 10**9, 2)
+    locks.setRole(HANDING_OFF, None)
+    clock.advance(1)
+    locks.setRole(ACTIVE, None)
+    clock.advance(0.5)
+    assert expiries.seen == []
+    clock.advance(1)
+    assert [k for k, _ in expiries.seen] == [b"mirrored"]

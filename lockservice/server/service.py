@@ -352,7 +352,10 @@ class LockService(Service):
             self._cancelLeaseTimers()
         elif before == ACTIVE and role != ACTIVE:
             self._leaseAlarm.cancel()
-        if role == ACTIVE and before not in _FILED:
+        if role in _FILED and before not in _FILED:
+            # A standby files no leases: a promotion files every mirrored
+            # one, whether the new active serves at once or is first
+            # frozen until its peers take its stream.
             self._armAllLeases()
         elif role == ACTIVE and before != ACTIVE and not self._leaseAlarm.firing:
             self._leaseAlarm.rearm()
