@@ -495,3 +495,14 @@ def test_random_sequences_keep_the_invariants(ops: List[Tuple[str, object, objec
     assert set(model.fate.values()) <= {"granted", "dropped"}
     assert model.table.waiterCount == 0
     assert len(model.table) == 0
+
+
+def test_a_page_of_held_keys_skips_the_ones_before_it() -> None:
+    from lockservice.core.table import LockTable, TokenIssuer, Waiter
+
+    table = LockTable(TokenIssuer(lambda: 1))
+    for i in range(10):
+        assert table.acquire(Waiter(b"k%d" % i, 30.0), 0.0) is not None
+    assert table.page(0, 3) == [b"k0", b"k1", b"k2"]
+    assert table.page(8, 5) == [b"k8", b"k9"]
+    assert table.page(10, 5) == []

@@ -150,7 +150,9 @@ def heldLocks(locks: LockService, key: Optional[bytes] = None, limit: int = LOCK
         return dict(describeLock(locks, monitor, key, holder, waiters), held=True)
     listed = []
     budget = WAITERS_TOTAL  # waiters listed in all; the rest are counted only
-    for k, h in islice(table.holders(), offset, offset + limit):
+    for k in table.page(offset, limit):
+        h = table.holder(k)
+        assert h is not None
         entry = describeLock(locks, monitor, k, h, min(waiters, budget))
         budget -= len(entry["waiters"])
         listed.append(entry)
