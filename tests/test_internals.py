@@ -167,18 +167,28 @@ def test_watchSocketErrorTellsAFinFromAReset() -> Any:
     assert errno != 0 or not reason.check(ConnectionDone)
 
 
+@inlineCallbacks
+def _dialled(listener: socket.socket) -> Any:
+    """
+    A Twisted TCP transport connected to C{listener}, and the plain socket
+    accepted on the other end.
+    """
+    proto = _Keep()
+    proto.made = Deferred()
+    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
+    yield connectProtocol(endpoint, proto)
+    transport = yield proto.made
+    accepted, _ = listener.accept()
+    return transport, accepted
+
+
 @pytest_twisted.inlineCallbacks
 def test_flushToKernelSendsWhatTwistedBuffered() -> Any:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     try:
-        proto = _Keep()
-        proto.made = Deferred()
-        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
-        yield connectProtocol(endpoint, proto)
-        transport = yield proto.made
-        accepted, _ = listener.accept()
+        transport, accepted = yield _dialled(listener)
         accepted.settimeout(5)
         transport.write(b"buffered\n")
         assert not internals.nothingBuffered(transport)
@@ -208,12 +218,7 @@ def test_unsentProbeSeesWhatAPeerThatDoesNotReadLeavesHere() -> Any:
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     try:
-        proto = _Keep()
-        proto.made = Deferred()
-        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
-        yield connectProtocol(endpoint, proto)
-        transport = yield proto.made
-        accepted, _ = listener.accept()  # and never reads
+        transport, accepted = yield _dialled(listener)  # accepted never reads
         left = internals.unsentProbe(transport)
         assert left() is False
         transport.write(b"x" * 10)
