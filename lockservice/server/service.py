@@ -452,7 +452,10 @@ class LockService(Service):
             self._retryHeld = self.clock.callLater(HOLD_RETRY, self._releaseHeld)
             return
         held, self._held = self._held, []
-        for conn in held:
+        self._sendGathered(held)
+
+    def _sendGathered(self, conns: List[AnswerSink]) -> None:
+        for conn in conns:
             try:
                 conn.flushAnswers()
             except Exception:
@@ -711,11 +714,7 @@ class LockService(Service):
                 if not ready and self._retryHeld is None:
                     self._retryHeld = self.clock.callLater(HOLD_RETRY, self._releaseHeld)
                 return
-        for conn in turn or ():
-            try:
-                conn.flushAnswers()
-            except Exception:
-                self._internalError("sending answers")
+        self._sendGathered(turn or [])
 
     # -- timers ----------------------------------------------------------
 
