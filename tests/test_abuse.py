@@ -54,6 +54,25 @@ def readLines(sock: socket.socket, count: int, timeout: float = 10.0) -> bytes:
     return received
 
 
+def floodUntilBackpressure(flood: socket.socket, chunk: bytes, limit: int) -> int:
+    """
+    Send C{chunk} after C{chunk} on non-blocking C{flood} (never reading)
+    until C{limit} bytes went out or the node stopped reading for 2 s.
+
+    @return: the bytes sent.
+    """
+    sent = 0
+    while sent < limit:
+        _, writable, _ = select.select([], [flood], [], 2.0)
+        if not writable:
+            break  # the node stopped reading for 2 s: backpressure
+        try:
+            sent += flood.send(chunk)
+        except BlockingIOError:
+            pass
+    return sent
+
+
 def test_a_client_that_never_reads_costs_bounded_memory(spawn) -> None:  # type: ignore[no-untyped-def]
     node = spawn()
     with LineClient(node.port) as warm:
@@ -64,17 +83,9 @@ def test_a_client_that_never_reads_costs_bounded_memory(spawn) -> None:  # type:
     flood = socket.create_connection(("127.0.0.1", node.port))
     flood.setblocking(False)
     chunk = b"P x\n" * 16384
-    sent = 0
     limit = 48 * MiB
     try:
-        while sent < limit:
-            _, writable, _ = select.select([], [flood], [], 2.0)
-            if not writable:
-                break  # the node stopped reading for 2 s: backpressure
-            try:
-                sent += flood.send(chunk)
-            except BlockingIOError:
-                pass
+        sent = floodUntilBackpressure(flood, chunk, limit)
         grown = node.rss() - before
         # The node still serves everybody else meanwhile.
         with LineClient(node.port) as other:
@@ -187,17 +198,9 @@ def test_held_back_answers_cost_bounded_memory(spawn) -> None:  # type: ignore[n
         flood.setblocking(False)
         line = b"A pm 60 0\n"
         chunk = line * 16384
-        sent = 0
         limit = 2_000_000 * len(line)
         try:
-            while sent < limit:
-                _, writable, _ = select.select([], [flood], [], 2.0)
-                if not writable:
-                    break  # the node stopped reading for 2 s: backpressure
-                try:
-                    sent += flood.send(chunk)
-                except BlockingIOError:
-                    pass
+            sent = floodUntilBackpressure(flood, chunk, limit)
             grown = node.rss() - before
             with LineClient(node.port) as other:
                 assert other.ask(b"P other", timeout=10) == b"P other"
