@@ -341,6 +341,59 @@ def test_a_node_that_steps_down_offers_its_keys_before_syncing() -> None:
     merges = [line for line in sent if line.startswith(b"MERGE ")]
     assert [m.split()[1:3] for m in merges] == [[b"mine", b"%d" % token]]
     assert sent.index(merges[0]) < sent.index(b"SYNC")
+    # The offer says whose keys these are: our own, of our term.
+    assert sent[sent.index(merges[0]) - 1] == b"OFFER 1 %d" % NOW_US
+
+
+def test_a_standby_that_changes_leader_says_whose_stream_its_keys_mirror() -> None:
+    lab = Lab(me=2)
+    old = following(lab, leader=1)
+    lab.hear(old, b"SNAP %d 1" % NOW_US, b"H k 9 30000000 0", b"SNAPEND")
+    new = lab.link(0, outbound=True)
+    lab.hear(new, b"HB %d active - 5" % (NOW_US + 5))
+    assert lab.cluster.leader == 0
+    sent = lines(new)
+    at = sent.index(b"OFFER 1 %d" % NOW_US)
+    assert sent[at + 1:at + 3] == [b"MERGE k 9 30000000 0", b"SYNC"]
+
+
+def test_an_offer_of_the_stream_taken_over_by_handoff_brings_back_no_released_key() -> None:
+    """
+    The new active took its old leader's stream over whole (the HANDOFF
+    came after it).  The other standby, still a step behind on that stream
+    when it switches to us, offers a key whose release was already answered
+    OK: the offer is ignored, the key stays free.  An offer of another
+    stream (a split brain's other side) is still merged.
+    """
+    lab = Lab()
+    leader = following(lab, leader=1)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H kept 1 30000000 0",
+             b"G released 3 30000000 0", b"D released 3", b"SNAPEND")
+    fromOther = lab.link(2, outbound=False)
+    lab.hear(fromOther, b"HB %d standby 1 1" % NOW_US)
+    lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
+    assert lab.cluster.role == ACTIVE
+    lab.hear(fromOther, b"OFFER 1 %d" % NOW_US, b"MERGE kept 1 30000000 0",
+             b"MERGE released 3 30000000 0", b"SYNC")
+    assert sorted(dict(lab.locks.heldKeys())) == [b"kept"]
+    assert lab.cluster.merged == 0
+    lab.hear(fromOther, b"OFFER 2 %d" % (NOW_US + 2), b"MERGE theirs 4 30000000 0")
+    assert sorted(dict(lab.locks.heldKeys())) == [b"kept", b"theirs"]
+
+
+def test_after_a_promotion_every_offer_is_merged() -> None:
+    """
+    A standby promoted on its leader's death may have missed the last of
+    that leader's stream: the other standby's offer of it is merged.
+    """
+    lab = Lab(me=1)
+    leader = following(lab, leader=0)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND")
+    lab.cluster.inheritedFrom = (0, NOW_US)  # from an earlier handoff
+    lab.cluster._promote()
+    fromOther = lab.link(2, outbound=False)
+    lab.hear(fromOther, b"OFFER 0 %d" % NOW_US, b"MERGE missed 3 30000000 0", b"SYNC")
+    assert sorted(dict(lab.locks.heldKeys())) == [b"missed"]
 
 
 # -- liveness -------------------------------------------------------------------

@@ -108,6 +108,10 @@ class Handoffs:
                 or not cluster.plausible(j, term, "term")):
             channel.send(b"REFUSED %d" % term)
             return
+        # Everything of our leader's term reached us before its HANDOFF:
+        # a standby's offer of keys from that same stream brings nothing
+        # new, only keys dropped since (see Stream.offered).
+        cluster.inheritedFrom = (j, cluster.term)
         cluster.term = term
         cluster.learnTerm(term)
         cluster.leader = None

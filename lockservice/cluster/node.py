@@ -28,7 +28,7 @@ token space.
 from __future__ import annotations
 
 from math import inf
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults
@@ -120,7 +120,11 @@ class Cluster(Service):
         self.activeSince = self.startedAt
         self._unsubscribedLogged = False
         self._unsubscribedSince: Dict[int, float] = {}
-        self._mergeOnSync = False
+        # The era (leader, term) whose stream our mirror copies, to offer
+        # with our keys at the next sync (see follow); None: no offer.
+        self._offerFrom: Optional[Tuple[int, int]] = None
+        # The era we took over whole by handoff (see Stream.offered).
+        self.inheritedFrom: Optional[Tuple[int, int]] = None
         self._beat: Optional[LoopingCall] = None
         self._lastTick: Optional[float] = None
         self._frozenAt = -inf  # when this active last stopped serving
@@ -529,6 +533,7 @@ class Cluster(Service):
     def _promote(self) -> None:
         self.term = self.newTerm()
         self.leader = None
+        self.inheritedFrom = None
         self.promotions += 1
         self.setRole(ACTIVE)
         self.log.warn("promoted to active (term {term}) with {keys} held keys",
@@ -538,10 +543,15 @@ class Cluster(Service):
         self.broadcastHeartbeat()
 
     def follow(self, j: int, merge: bool) -> None:
+        if merge and self._offerFrom is None:
+            # Our keys mirror our leader's stream (or are our own, when we
+            # step down): the offer says whose, so that a leader which
+            # took that stream over whole can tell stale keys (see
+            # Stream.offered).
+            self._offerFrom = (self.me if self.leader is None else self.leader, self.term)
         if self.leader != j:
             self.log.info("following {peer}", peer=self.name(j))
         self.leader = j
-        self._mergeOnSync = self._mergeOnSync or merge
         channel = self.links.outbound.get(j)
         if channel is not None:
             self._sync(channel)
@@ -553,9 +563,9 @@ class Cluster(Service):
         come from a heal (they arrive before the SYNC, so its snapshot
         already holds them).
         """
-        if self._mergeOnSync:
-            self._mergeOnSync = False
-            offered = self.stream.sendMerge(channel)
+        if self._offerFrom is not None:
+            offered = self.stream.sendMerge(channel, self._offerFrom)
+            self._offerFrom = None
             if offered:
                 self.log.info("offered {keys} held keys to {peer}", keys=offered,
                               peer=self.name(channel.remote or 0))

@@ -132,6 +132,9 @@ class PeerChannel:
         self.replicating = False
         self.synced = False
         self.snapshot: Optional[Any] = None
+        # (inbound) the MERGE lines that follow repeat a stream we already
+        # have whole (see Stream.offered).
+        self.staleOffer = False
         self.closing = False
         # (replication) since when a follower has left our writes unread,
         # and whether we cut it off for that.

@@ -6,6 +6,8 @@ standby (or, on a heal, the winner) applies it.
 Lines on a peer channel:
 
     SYNC                                    follower -> leader: send state, then stream
+    OFFER <leader> <term>                   follower -> leader, before its MERGE lines:
+                                            they mirror <leader>'s stream of <term>
     MERGE <key> <token> <remaining_us> <age_us>
                                             follower -> leader, before SYNC: a key the
                                             follower holds (a heal: the winner keeps it)
@@ -29,7 +31,7 @@ ends with the leader's state whatever changed meanwhile.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from twisted.internet.interfaces import IDelayedCall, IPullProducer
 from zope.interface import implementer
@@ -250,11 +252,12 @@ class Stream:
             silence=cluster.links.longestSilence.get(j, 0.0) * 1000,
         )
 
-    def sendMerge(self, channel: PeerChannel) -> int:
+    def sendMerge(self, channel: PeerChannel, origin: Tuple[int, int]) -> int:
         """
         Offer every key we hold to the leader we now follow (a heal), so
         that it keeps them.
 
+        @param origin: the (leader, term) whose stream our keys mirror.
         @return: how many keys were offered.
         """
         now = self.cluster.clock.seconds()
@@ -263,8 +266,9 @@ class Stream:
             for key, token, grantedAt, expiresAt in self.cluster.locks.table.grants()
         ]
         if lines:
+            lines.insert(0, b"OFFER %d %d" % origin)
             channel.transport.write(b"\n".join(lines) + b"\n")
-        return len(lines)
+        return len(lines) - 1 if lines else 0
 
     # -- the receiving side -------------------------------------------------
 
@@ -281,8 +285,11 @@ class Stream:
         elif kind == b"SYNC":
             if not channel.outbound:
                 self.startSnapshot(channel)
+        elif kind == b"OFFER":
+            self.offered(j, channel, int(fields[1]), int(fields[2]))
         elif kind == b"MERGE":
-            self._merge(j, channel, fields)
+            if not channel.staleOffer:
+                self._merge(j, channel, fields)
         elif kind == b"SNAP":
             if cluster.fromLeader(j, channel):
                 term, token = int(fields[1]), int(fields[2])
@@ -327,6 +334,25 @@ class Stream:
                 cluster.plausible(j, token, "token")
                 continue
             install(key, token, grantedAt, expiresAt)
+
+    def offered(self, j: int, channel: PeerChannel, leader: int, term: int) -> None:
+        """
+        Peer C{j} is about to offer us keys that mirror C{leader}'s stream
+        of C{term}.  When that is the stream we took over whole by handoff
+        (its C{HANDOFF} came after all of it), the offer brings nothing we
+        lack: a key in it that we do not hold was released or expired --
+        possibly after the peer read its copy (it switches leaders on our
+        heartbeat, which can overtake the old leader's last changes).
+        Merging it would bring back a lock whose release was answered
+        C{OK}, so the offer is ignored.
+        """
+        cluster = self.cluster
+        channel.staleOffer = (leader, term) == cluster.inheritedFrom
+        if channel.staleOffer:
+            cluster.log.info(
+                "ignoring the keys {peer} offers: they mirror {leader}'s term {term}, "
+                "which this node took over whole", peer=cluster.name(j),
+                leader=cluster.name(leader), term=term)
 
     def _merge(self, j: int, channel: PeerChannel, fields: List[bytes]) -> None:
         cluster = self.cluster
