@@ -201,3 +201,35 @@ def flushToKernel(transport: Any) -> None:
             from twisted.python.failure import Failure
 
             tcp.reactor.callLater(0, tcp.connectionLost, Failure(result))  # type: ignore[attr-defined]
+
+
+def readWaiting(transport: Any) -> None:
+    """
+    Deliver now, through C{transport}'s own read path (its C{doRead}, what
+    the reactor would call), the bytes that already wait in the kernel for
+    a plain TCP C{transport}, instead of at the reactor's next poll.  Only
+    bytes are read (C{FIONREAD} says how many wait): an end of stream or an
+    error stays for the reactor to see, as it would have.  Does nothing for
+    transport of unknown layout (tests).  Over TLS, the TCP transport below
+    reads, and TLS passes on what it decrypts.
+    """
+    import fcntl
+    import struct
+    import termios
+
+    from twisted.internet.tcp import Connection
+
+    tcp = transport if isinstance(transport, Connection) else getattr(transport, "transport", None)
+    if not isinstance(tcp, Connection) or tcp.disconnected:
+        return
+    try:
+        fd = tcp.socket.fileno()
+    except OSError:
+        return
+    for _ in range(64):  # at most 64 reads of Twisted's buffer size
+        try:
+            waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, bytes(4)))[0]
+        except OSError:
+            return
+        if not waiting or tcp.disconnected or tcp.doRead() is not None:
+            return

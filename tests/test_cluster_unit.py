@@ -357,6 +357,30 @@ def test_a_standby_that_changes_leader_says_whose_stream_its_keys_mirror() -> No
     assert sent[at + 1:at + 3] == [b"MERGE k 9 30000000 0", b"SYNC"]
 
 
+def test_a_standby_reads_its_old_leaders_link_up_before_it_offers_its_keys() -> None:
+    """
+    The new active's heartbeat overtook the old leader's last release
+    (still unread in our socket): we apply that first, so our offer does
+    not hand the new active a lock whose release was answered OK.
+    """
+    lab = Lab(me=2)
+    old = following(lab, leader=1)
+    lab.hear(old, b"SNAP %d 1" % NOW_US, b"H k 9 30000000 0", b"H kept 8 30000000 0",
+             b"SNAPEND")
+    unread = [b"D k 9"]
+
+    def catchUp() -> None:  # what readWaiting delivers on a real link
+        while unread:
+            lab.hear(old, unread.pop())
+
+    old.catchUp = catchUp  # type: ignore[method-assign]
+    new = lab.link(0, outbound=True)
+    lab.hear(new, b"HB %d active - 5" % (NOW_US + 5))
+    assert lab.cluster.leader == 0
+    offered = [line.split()[1] for line in lines(new) if line.startswith(b"MERGE ")]
+    assert offered == [b"kept"]
+
+
 def test_an_offer_of_the_stream_taken_over_by_handoff_brings_back_no_released_key() -> None:
     """
     The new active took its old leader's stream over whole (the HANDOFF

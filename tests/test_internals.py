@@ -238,3 +238,52 @@ def test_unsentProbeSeesWhatAPeerThatDoesNotReadLeavesHere() -> Any:
         transport.abortConnection()
     finally:
         listener.close()
+
+
+class _Record(_Keep):
+    def connectionMade(self) -> None:
+        self.received = b""
+        self.lost: "Deferred[Any]" = Deferred()
+        super().connectionMade()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Any) -> None:
+        self.lost.callback([reason])
+
+
+def test_readWaitingOnTestTransportsDoesNothing() -> None:
+    internals.readWaiting(StringTransport())
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "reset"])
+@pytest_twisted.inlineCallbacks
+def test_readWaitingDeliversWaitingBytesAndLeavesTheEndToTheReactor(reset: bool) -> Any:
+    """
+    Bytes already in the kernel reach dataReceived at once, without a
+    reactor turn; the peer's FIN or reset after them is still seen by the
+    reactor as what it is.
+    """
+    from twisted.internet.error import ConnectionDone
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        proto = _Record()
+        proto.made = Deferred()
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
+        yield connectProtocol(endpoint, proto)
+        transport = yield proto.made
+        accepted, _ = listener.accept()
+        accepted.sendall(b"x" * 20_000 + b"tail\n")
+        if reset:
+            accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+        accepted.close()
+        internals.readWaiting(transport)
+        assert proto.received == b"x" * 20_000 + b"tail\n"
+        [reason] = yield proto.lost
+        assert bool(reason.check(ConnectionDone)) is not reset
+    finally:
+        listener.close()

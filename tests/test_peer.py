@@ -298,6 +298,27 @@ def test_heartbeats_and_big_reads_never_pause() -> None:
     assert inbound.transport.producerState == "producing"
 
 
+def test_catching_up_ends_a_pause_at_once() -> None:
+    """
+    A standby leaving its leader reads that link up first: a pending pause
+    ends now, and reads during the catch-up do not start a new one.
+    """
+    a, b = Owner(0), Owner(1)
+    outbound, _, _ = dial(a, b)
+    transport = outbound.transport
+    assert isinstance(transport, StringTransport)
+    a.clock.advance(1)
+    outbound.dataReceived(b"G k1 1 2 3\n")
+    outbound.dataReceived(b"G k2 1 2 3\n")
+    assert transport.producerState == "paused"
+    outbound.catchUp()
+    assert transport.producerState == "producing"
+    assert not [c for c in a.clock.getDelayedCalls() if c.active()]
+    outbound._catchingUp = True  # as while readWaiting delivers
+    outbound.dataReceived(b"G k3 1 2 3\n")
+    assert transport.producerState == "producing"
+
+
 def test_a_link_lost_while_paused_does_not_resume() -> None:
     a, b = Owner(0), Owner(1)
     outbound, _, _ = dial(a, b)

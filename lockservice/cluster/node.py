@@ -125,6 +125,9 @@ class Cluster(Service):
         self._offerFrom: Optional[Tuple[int, int]] = None
         # The era we took over whole by handoff (see Stream.offered).
         self.inheritedFrom: Optional[Tuple[int, int]] = None
+        # The leader whose link we read up before leaving it (see
+        # _caughtUpWithLeader).
+        self._leavingLeader: Optional[int] = None
         self._beat: Optional[LoopingCall] = None
         self._lastTick: Optional[float] = None
         self._frozenAt = -inf  # when this active last stopped serving
@@ -501,6 +504,10 @@ class Cluster(Service):
             self.follow(action.peer, merge=True)
         elif action.kind == "follow":
             assert action.peer is not None
+            if self._caughtUpWithLeader():
+                # Its last lines may have changed what to do.
+                self.evaluate()
+                return
             # A standby that changes leader offers its mirror to the new
             # one: a key held on one side only must survive a heal.
             self.follow(action.peer, merge=self.role == STANDBY and self.leader is not None)
@@ -542,6 +549,23 @@ class Cluster(Service):
                        f"term {self.term}, {self.locks.heldCount()} held keys")
         self.broadcastHeartbeat()
 
+    def _caughtUpWithLeader(self) -> bool:
+        """
+        Before leaving our leader for another, apply what its link already
+        holds: the new leader's heartbeat may have overtaken the old one's
+        last changes (a paced read, or another socket read first), and a
+        copy that misses a release would offer the new leader that lock
+        back (see follow).
+
+        @return: whether we read it now (once per leader change).
+        """
+        channel = self.links.outbound.get(self.leader) if self.leader is not None else None
+        if channel is None or self._leavingLeader == self.leader:
+            return False
+        self._leavingLeader = self.leader
+        channel.catchUp()
+        return True
+
     def follow(self, j: int, merge: bool) -> None:
         if merge and self._offerFrom is None:
             # Our keys mirror our leader's stream (or are our own, when we
@@ -552,6 +576,7 @@ class Cluster(Service):
         if self.leader != j:
             self.log.info("following {peer}", peer=self.name(j))
         self.leader = j
+        self._leavingLeader = None
         channel = self.links.outbound.get(j)
         if channel is not None:
             self._sync(channel)

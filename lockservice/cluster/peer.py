@@ -40,7 +40,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from lockservice.internals import plainSocket, unsentProbe, watchSocketError
+from lockservice.internals import plainSocket, readWaiting, unsentProbe, watchSocketError
 from lockservice.tcp import noDelay
 
 PROTOCOL_VERSION = b"2"
@@ -156,6 +156,7 @@ class PeerChannel:
             HANDSHAKE_TIMEOUT, self._refuse, b"handshake timed out"
         )
         self._resumeReading: Optional[IDelayedCall] = None
+        self._catchingUp = False
 
     # -- handshake ---------------------------------------------------------
 
@@ -266,11 +267,29 @@ class PeerChannel:
         now = self.cluster.clock.seconds()
         previous, self.lastReceived = self.lastReceived, now
         self._lines(data)
-        if (self.outbound and self.authenticated and not self.closing
+        if (self.outbound and self.authenticated and not self.closing and not self._catchingUp
                 and now - previous < READ_PACE and len(data) < PACE_READS_BELOW
                 and self._resumeReading is None):
             self.transport.pauseProducing()  # type: ignore[attr-defined]
             self._resumeReading = self.cluster.clock.callLater(READ_PACE, self._readAgain)
+
+    def catchUp(self) -> None:
+        """
+        Read now what this link left waiting in the kernel (a paced read,
+        or one the reactor had not come to yet), before this node acts on
+        another peer's news: it is leaving this leader for another, and the
+        old leader's last changes must be applied first.
+        """
+        if self._resumeReading is not None:
+            self._resumeReading.cancel()
+            self._resumeReading = None
+            if not getattr(self.transport, "disconnected", False):
+                self.transport.resumeProducing()  # type: ignore[attr-defined]
+        self._catchingUp = True
+        try:
+            readWaiting(self.transport)
+        finally:
+            self._catchingUp = False
 
     def _readAgain(self) -> None:
         self._resumeReading = None
