@@ -249,7 +249,7 @@ class _Record(_Keep):
     def dataReceived(self, data: bytes) -> None:
         self.received += data
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Any = None) -> None:
         self.lost.callback([reason])
 
 
