@@ -205,13 +205,13 @@ def flushToKernel(transport: Any) -> None:
 
 def readWaiting(transport: Any) -> None:
     """
-    Deliver now, through C{transport}'s own read path (its C{doRead}, what
-    the reactor would call), the bytes that already wait in the kernel for
-    a plain TCP C{transport}, instead of at the reactor's next poll.  Only
-    bytes are read (C{FIONREAD} says how many wait): an end of stream or an
-    error stays for the reactor to see, as it would have.  Does nothing for
-    transport of unknown layout (tests).  Over TLS, the TCP transport below
-    reads, and TLS passes on what it decrypts.
+    Deliver now, through the TCP transport's own read path (its C{doRead},
+    what the reactor would call), the bytes that already wait in the kernel
+    for C{transport} (plain TCP, or TLS over TCP: TLS passes on what it
+    decrypts), instead of at the reactor's next poll.  Only bytes are read
+    (C{FIONREAD} says how many wait): an end of stream or an error stays for
+    the reactor to see, as it would have.  Does nothing for a transport of
+    unknown layout (tests).
     """
     import fcntl
     import struct
@@ -231,5 +231,5 @@ def readWaiting(transport: Any) -> None:
             waiting = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, bytes(4)))[0]
         except OSError:
             return
-        if not waiting or tcp.disconnected or tcp.doRead() is not None:
+        if not waiting or tcp.disconnected or tcp.disconnecting or tcp.doRead() is not None:
             return
