@@ -328,6 +328,16 @@ def test_the_winner_keeps_every_key_and_the_higher_token() -> None:
     assert b"only-theirs" not in dict(lab.locks.heldKeys())
 
 
+def test_an_offer_is_kept_in_one_run_that_skips_bad_and_forged_lines() -> None:
+    lab = Lab()
+    activeWithFollower(lab)
+    loser = lab.link(2, outbound=False)
+    lab.hear(loser, b"MERGE a 11 20000000 0", b"MERGE b x 20000000 0", b"MERGE c 12",
+             b"MERGE d %d 20000000 0" % (2**63), b"MERGE e 13 20000000 0", b"SYNC")
+    assert sorted((k, h.token) for k, h in lab.locks.heldKeys()) == [(b"a", 11), (b"e", 13)]
+    assert lab.cluster.merged == 2
+
+
 def test_a_node_that_steps_down_offers_its_keys_before_syncing() -> None:
     lab = Lab(me=1)
     lab.cluster.term = NOW_US

@@ -336,7 +336,7 @@ class Cluster(Service):
     def peerLines(self, channel: PeerChannel, lines: List[bytes]) -> None:
         """
         Lines from an authenticated peer.  Runs of changes (a
-        snapshot, a busy stream) are applied in bulk.
+        snapshot, a busy stream) and of offered keys are applied in bulk.
         """
         j = channel.remote
         assert j is not None
@@ -351,6 +351,13 @@ class Cluster(Service):
                 while end < count and lines[end][:2] in _CHANGES:
                     end += 1
                 self.stream.applyChanges(j, channel, lines[i:end])
+                i = end
+                continue
+            if lines[i][:6] == b"MERGE ":
+                end = i + 1
+                while end < count and lines[end][:6] == b"MERGE ":
+                    end += 1
+                self.stream.merge(j, channel, lines[i:end])
                 i = end
                 continue
             self.peerMessage(channel, lines[i].rstrip(b"\r").split(b" "))

@@ -288,8 +288,7 @@ class Stream:
         elif kind == b"OFFER":
             self.offered(j, channel, int(fields[1]), int(fields[2]))
         elif kind == b"MERGE":
-            if not channel.staleOffer:
-                self._merge(j, channel, fields)
+            self.merge(j, channel, [b" ".join(fields)])
         elif kind == b"SNAP":
             if cluster.fromLeader(j, channel):
                 term, token = int(fields[1]), int(fields[2])
@@ -354,18 +353,32 @@ class Stream:
                 "which this node took over whole", peer=cluster.name(j),
                 leader=cluster.name(leader), term=term)
 
-    def _merge(self, j: int, channel: PeerChannel, fields: List[bytes]) -> None:
+    def merge(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
+        """
+        A run of C{MERGE} lines from peer C{j} (its offer, on a heal), kept
+        by an active node in one loop: a standby's offer after a failover
+        repeats every held key, most of which we hold already.
+        """
         cluster = self.cluster
-        if channel.outbound or cluster.role != ACTIVE:
+        if channel.outbound or cluster.role != ACTIVE or channel.staleOffer:
             return
-        key, token = fields[1], int(fields[2])
-        if not cluster.plausible(j, token, "token"):
-            return
-        held = cluster.locks.table.tokenOf(key)
-        if held is not None and held >= token:
-            return  # on a conflict the higher token wins
-        remaining, age = int(fields[3]) / 1e6, int(fields[4]) / 1e6
-        cluster.locks.installHolder(key, token, remaining, age)
-        cluster.merged += 1
         now = cluster.clock.seconds()
-        self.granted(key, token, now - age, now + remaining, 0.0)
+        limit = cluster.wallMicros() + PLAUSIBLE_AHEAD
+        tokenOf, install = cluster.locks.table.tokenOf, cluster.locks.installHolder
+        for line in lines:
+            fields = line.rstrip(b"\r").split(b" ")
+            try:
+                key, token = fields[1], int(fields[2])
+                held = tokenOf(key)
+                if held is not None and held >= token:
+                    continue  # the higher token wins (and most offered keys we hold)
+                remaining, age = int(fields[3]) / 1e6, int(fields[4]) / 1e6
+            except (IndexError, ValueError):
+                cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
+                continue
+            if token > limit:
+                cluster.plausible(j, token, "token")  # logs it
+                continue
+            install(key, token, remaining, age)
+            cluster.merged += 1
+            self.granted(key, token, now - age, now + remaining, 0.0)
