@@ -328,6 +328,30 @@ def test_the_winner_keeps_every_key_and_the_higher_token() -> None:
     assert b"only-theirs" not in dict(lab.locks.heldKeys())
 
 
+def test_a_renewal_answered_on_the_losing_side_survives_the_heal() -> None:
+    """
+    The same grant on both sides: the later deadline (a renewal answered
+    by the other side during the split) is kept and reaches our standbys;
+    our own deadline coming back a little late changes nothing.
+    """
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    lab.client()
+    renewed = int(lab.ask(b"A renewed 30 0").split()[2])
+    same = int(lab.ask(b"A same 30 0").split()[2])
+    lines(follower)
+    loser = lab.link(2, outbound=False)
+    lab.hear(loser, b"MERGE renewed %d 900000000 5000000" % renewed,
+             b"MERGE same %d 30500000 0" % same, b"SYNC")
+    now = lab.clock.seconds()
+    assert lab.locks.table.expiresAt(b"renewed") == now + 900
+    assert lab.locks.table.expiresAt(b"same") == now + 30
+    changes = [line for line in lines(follower) if line.startswith(b"G ")]
+    assert changes == [b"G renewed %d 900000000 5000000" % renewed]
+    lab.clock.advance(31)
+    assert sorted(dict(lab.locks.heldKeys())) == [b"renewed"]
+
+
 def test_an_offer_is_kept_in_one_run_that_skips_bad_and_forged_lines() -> None:
     lab = Lab()
     activeWithFollower(lab)

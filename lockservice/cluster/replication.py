@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 SNAPSHOT_CHUNK = 4000
 # How far ahead of our clock a peer's token or term may be (microseconds).
 PLAUSIBLE_AHEAD = 3600 * 10**6
+# On a heal, an offered copy of a grant we hold (same token) whose deadline
+# is later by more than this was renewed on the other side (seconds; an
+# offer of a million keys takes about a second to arrive and be applied).
+RENEWAL_SLACK = 1.0
 
 
 def writeNow(channel: PeerChannel, data: bytes) -> None:
@@ -364,19 +368,27 @@ class Stream:
             return
         now = cluster.clock.seconds()
         limit = cluster.wallMicros() + PLAUSIBLE_AHEAD
-        tokenOf, install = cluster.locks.table.tokenOf, cluster.locks.installHolder
+        table, install = cluster.locks.table, cluster.locks.installHolder
+        tokenOf, expiresAt = table.tokenOf, table.expiresAt
         for line in lines:
             fields = line.rstrip(b"\r").split(b" ")
             try:
                 key, token = fields[1], int(fields[2])
                 held = tokenOf(key)
-                if held is not None and held >= token:
-                    continue  # the higher token wins (and most offered keys we hold)
+                if held is not None and held > token:
+                    continue  # the higher token wins
                 remaining, age = int(fields[3]) / 1e6, int(fields[4]) / 1e6
             except (IndexError, ValueError):
                 cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
                 continue
-            if token > limit:
+            if held == token:
+                # The same grant on both sides: a renewal answered on the
+                # other side moved its deadline, and that one is kept.  (A
+                # copy of our own deadline arrives a little later than it
+                # left: within RENEWAL_SLACK it is the same deadline.)
+                if now + remaining <= expiresAt(key) + RENEWAL_SLACK:  # type: ignore[operator]
+                    continue
+            elif token > limit:
                 cluster.plausible(j, token, "token")  # logs it
                 continue
             install(key, token, remaining, age)
