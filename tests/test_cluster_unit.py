@@ -515,6 +515,29 @@ def test_a_standby_that_was_stopped_reads_before_it_judges_silence() -> None:
     assert not lab.cluster.views[0].alive and leader.closing
 
 
+def test_an_active_that_was_stopped_serves_nothing_until_it_has_read_its_peers() -> None:
+    """
+    An active stopped for longer than --peer-timeout finds requests piled
+    up in front of its peers' news (a standby may have promoted meanwhile).
+    It answers them C{M ... *} until its late tick has read the peers; then,
+    nothing having changed, it serves again.
+    """
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+    lab.client()
+    token = int(lab.ask(b"A k 600 0").split()[2])
+    ticks(lab, 0.3)
+    lab.clock.advance(1.5)  # stopped; on resuming, reads come first
+    assert lab.ask(b"R k %d" % token) == b"M R k *\n"
+    assert lab.locks.table.tokenOf(b"k") == token
+    lab.cluster.tick()  # late: read first
+    lab.hear(follower, b"HB %d standby 0 1" % NOW_US)  # what waited in the socket
+    lab.clock.advance(0)
+    assert lab.cluster.role == ACTIVE
+    assert lab.ask(b"R k %d" % token) == b"R k OK\n"
+
+
 # -- snapshots ----------------------------------------------------------------------
 
 

@@ -132,9 +132,13 @@ class Cluster(Service):
         self._lastTick: Optional[float] = None
         self._frozenAt = -inf  # when this active last stopped serving
         self._catchingUp = False
+        # Set when this active finds it did not run for a while: it serves
+        # nothing until it has read what its peers sent meanwhile.
+        self._resuming = False
         self._implausibleLogged: Dict[int, float] = {}
         locks.observers.append(self.stream)
         locks.beforeAnswerHooks.append(self.stream.flush)
+        locks.beforeTurnHooks.append(self._notJustResumed)
         locks.setRole(SYNCING, None)
 
     def _endpointFor(self, j: int) -> Any:
@@ -258,10 +262,29 @@ class Cluster(Service):
             self.clock.callLater(0, self.tick)
             return
         self._catchingUp = False
+        self._resuming = False
         self.links.closeSilent()
         self.refreshViews()
         self.broadcastHeartbeat()
         self.evaluate()
+
+    def _notJustResumed(self) -> None:
+        """
+        Before an active serves a turn of requests or timers: when this
+        process did not run for more than half a peer timeout (stopped,
+        frozen), a standby may have promoted meanwhile, and its news waits
+        unread in our sockets, behind the requests that piled up.  Answering
+        those first would decide things the heal then undoes (a release
+        answered OK brought back by the other side's copy), so the node
+        serves nothing (C{M ... *}, as during a handoff) until the late
+        tick has read its peers and judged again (see L{tick}).
+        """
+        if (self.serving and self._lastTick is not None
+                and self.clock.seconds() - self._lastTick > self.peerTimeout / 2):
+            self._resuming = True
+            self.log.info("did not run for {ms:.0f} ms: not serving until the peers are read",
+                          ms=(self.clock.seconds() - self._lastTick) * 1000)
+            self.gate()
 
     def refreshViews(self) -> None:
         for j, view in self.views.items():
@@ -465,7 +488,9 @@ class Cluster(Service):
         for j in missing:
             self._unsubscribedSince.setdefault(j, now)
         serving = not missing
-        if missing:
+        if self._resuming:
+            serving = False
+        elif missing:
             # Each peer gets the bound from when it became a live
             # non-subscriber (a restarted node syncs within it).
             waited = now - max(self._unsubscribedSince[j] for j in missing)
@@ -493,8 +518,9 @@ class Cluster(Service):
                               else "stopped serving")
             else:
                 self._frozenAt = now
-                self.log.info("not serving until {peers} receive(s) the stream",
-                              peers=", ".join(self.name(j) for j in missing))
+                if missing:
+                    self.log.info("not serving until {peers} receive(s) the stream",
+                                  peers=", ".join(self.name(j) for j in missing))
 
     def _act(self, action: Action) -> None:
         if action.kind == "promote":

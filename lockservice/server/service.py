@@ -284,6 +284,9 @@ class LockService(Service):
         # Called before any answer is written to a client (the cluster
         # writes its replication stream to the standbys there).
         self.beforeAnswerHooks: List[Callable[[], Optional[bool]]] = []
+        # Called when a turn of requests or timers begins (the cluster
+        # checks there that this process has not just been frozen).
+        self.beforeTurnHooks: List[Callable[[], None]] = []
         self.role = ACTIVE
         self.activeAddress: Optional[bytes] = None
         self.startedAt = clock.seconds()
@@ -676,6 +679,8 @@ class LockService(Service):
         """
         if self.turn is not None:
             return False
+        for hook in self.beforeTurnHooks:
+            hook()
         self.turn = []
         return True
 
