@@ -251,14 +251,16 @@ class Cluster(Service):
 
     def tick(self) -> None:
         now = self.clock.seconds()
-        late = self._lastTick is not None and now - self._lastTick > self.peerTimeout / 2
+        idle = 0.0 if self._lastTick is None else now - self._lastTick
         self._lastTick = now
+        late = idle > self.peerTimeout / 2
         if late and not self._catchingUp:
             # This process did not run for a while (stopped, starved): what
             # the peers sent meanwhile still waits unread in our sockets,
             # and timers run before reads.  Read first (one reactor
             # iteration), then judge who is silent.
             self._catchingUp = True
+            self._stopServingUntilRead(idle)
             self.clock.callLater(0, self.tick)
             return
         self._catchingUp = False
@@ -279,11 +281,14 @@ class Cluster(Service):
         serves nothing (C{M ... *}, as during a handoff) until the late
         tick has read its peers and judged again (see L{tick}).
         """
-        if (self.serving and self._lastTick is not None
-                and self.clock.seconds() - self._lastTick > self.peerTimeout / 2):
+        if self._lastTick is not None:
+            self._stopServingUntilRead(self.clock.seconds() - self._lastTick)
+
+    def _stopServingUntilRead(self, idle: float) -> None:
+        if self.serving and not self._resuming and idle > self.peerTimeout / 2:
             self._resuming = True
             self.log.info("did not run for {ms:.0f} ms: not serving until the peers are read",
-                          ms=(self.clock.seconds() - self._lastTick) * 1000)
+                          ms=idle * 1000)
             self.gate()
 
     def refreshViews(self) -> None:
