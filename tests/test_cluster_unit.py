@@ -353,6 +353,51 @@ def test_a_renewal_answered_on_the_losing_side_survives_the_heal() -> None:
     assert sorted(dict(lab.locks.heldKeys())) == [b"renewed"]
 
 
+def test_a_heal_does_not_undo_what_the_winner_released_while_cut_off() -> None:
+    """
+    A partition: the active goes on serving on its side while its follower
+    keeps a copy of every grant.  At the heal, the follower (which promoted
+    meanwhile, on its side) offers that copy: the grants the winner released
+    after the cut -- or just before it noticed, while the follower was
+    already silent -- stay released.  A grant that only expired on our side
+    is still taken back (a renewal answered by the other side may have kept
+    it), and so is everything the other side granted.
+    """
+    lab = Lab()
+    follower = activeWithFollower(lab)
+    lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+    lab.client()
+    token = {k: int(lab.ask(b"A %s 600 0" % k).split()[2])
+             for k in (b"before-cut", b"after-cut", b"kept")}
+    expiring = int(lab.ask(b"A expiring 1 0").split()[2])
+    ticks(lab, 0.3)
+    # The cut: the follower goes silent; we release one key before noticing.
+    ticks(lab, 0.5)
+    assert lab.ask(b"R before-cut %d" % token[b"before-cut"]) == b"R before-cut OK\n"
+    ticks(lab, 0.7)  # silent for --peer-timeout: the link is closed
+    assert follower.closing
+    follower.connectionLost(Failure(ConnectionLost()))
+    ticks(lab, 0.3)
+    assert lab.ask(b"R after-cut %d" % token[b"after-cut"]) == b"R after-cut OK\n"
+    assert b"expiring" not in dict(lab.locks.heldKeys())
+    # The heal: the other side offers its copy, and what it granted.
+    back = lab.link(1, outbound=False)
+    lab.hear(back, b"OFFER 1 %d" % (NOW_US + 9),
+             b"MERGE before-cut %d 590000000 1000000" % token[b"before-cut"],
+             b"MERGE after-cut %d 590000000 1000000" % token[b"after-cut"],
+             b"MERGE kept %d 590000000 1000000" % token[b"kept"],
+             b"MERGE expiring %d 30000000 1000000" % expiring,
+             b"MERGE theirs %d 30000000 0" % (NOW_US + 10), b"SYNC")
+    assert sorted(dict(lab.locks.heldKeys())) == [b"expiring", b"kept", b"theirs"]
+    # Once every peer follows us again, the notes are forgotten.
+    assert lab.cluster.releases.noted
+    lab.hear(back, b"HB %d standby 0 1" % NOW_US)
+    lab.cluster.views[2].alive = True
+    lab.hear(lab.link(2, outbound=False), b"SYNC", b"HB %d standby 0 1" % NOW_US)
+    lab.cluster.tick()
+    assert not lab.cluster.releases.noted and lab.cluster.releases.watermark is None
+
+
 def test_an_offer_is_kept_in_one_run_that_skips_bad_and_forged_lines() -> None:
     lab = Lab()
     activeWithFollower(lab)

@@ -38,6 +38,7 @@ from twisted.logger import Logger
 from lockservice.cluster.handoff import Handoffs
 from lockservice.cluster.links import Links
 from lockservice.cluster.peer import HandshakeLimit, PeerChannel, acceptChannel
+from lockservice.cluster.released import Releases
 from lockservice.cluster.replication import PLAUSIBLE_AHEAD, Stream
 from lockservice.core import election
 from lockservice.core.election import (
@@ -104,6 +105,8 @@ class Cluster(Service):
                            endpointFor or self._endpointFor, self.peers)
         self.lastHeard = self.links.lastHeard
         self.stream = Stream(self)
+        # Releases a lost follower may not know of (see released.py).
+        self.releases = Releases(recentFor=2 * peerTimeout + 1.0)
         self.handshakes = HandshakeLimit(self.clock)
         self.handoffs = Handoffs(self)
         self.role = SYNCING
@@ -269,6 +272,9 @@ class Cluster(Service):
         self.refreshViews()
         self.broadcastHeartbeat()
         self.evaluate()
+        if (self.releases.watermark is not None and self.role == ACTIVE
+                and all(v.alive for v in self.views.values()) and not self.unsubscribed()):
+            self.releases.forget()  # every peer follows us again
 
     def _notJustResumed(self) -> None:
         """
@@ -341,10 +347,16 @@ class Cluster(Service):
             self._sync(channel)
 
     def channelLost(self, channel: PeerChannel, clean: bool) -> None:
-        if not self.links.channelLost(channel, clean):
-            return
         j = channel.remote
         assert j is not None
+        if channel.replicating and self.role in (ACTIVE, HANDING_OFF):
+            # A follower that may have missed our last changes, and keeps
+            # its copy of the grants (also when we closed the link for its
+            # silence): note what we release from now on (see released).
+            self.releases.startNoting(
+                self.locks.lastToken(), self.links.lastHeard.get(j, 0.0) - self.peerTimeout)
+        if not self.links.channelLost(channel, clean):
+            return
         if channel.replicating and not channel.lagging:
             # (A follower we cut off for not reading is not waited for.)
             self.gate()

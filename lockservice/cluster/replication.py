@@ -166,6 +166,8 @@ class Stream:
 
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
         self._queue(b"D %s %d\n" % (key, token))
+        if not expired:
+            self.cluster.releases.released(key, token, self.cluster.clock.seconds())
 
     def flush(self) -> bool:
         """
@@ -370,6 +372,7 @@ class Stream:
         limit = cluster.wallMicros() + PLAUSIBLE_AHEAD
         table, install = cluster.locks.table, cluster.locks.installHolder
         tokenOf, expiresAt = table.tokenOf, table.expiresAt
+        releasedHere = cluster.releases.releasedHere
         for line in lines:
             fields = line.rstrip(b"\r").split(b" ")
             try:
@@ -391,6 +394,8 @@ class Stream:
             elif token > limit:
                 cluster.plausible(j, token, "token")  # logs it
                 continue
+            elif releasedHere(key, token):
+                continue  # a copy from before our release (see released.py)
             install(key, token, remaining, age)
             cluster.merged += 1
             self.granted(key, token, now - age, now + remaining, 0.0)

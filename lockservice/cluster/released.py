@@ -1,0 +1,93 @@
+# -*- test-case-name: tests.test_cluster_unit -*-
+"""
+Releases a cut-off follower may not know of, so that a heal does not undo
+them.
+
+A heal merges the losing side's held keys into the winner: "a key held on
+one side only is kept".  But an active cut off from a follower goes on
+serving (for a moment, or for the whole partition on its side), while the
+follower, promoted or not, keeps its copy of every grant it had received,
+including those the active releases meanwhile.  Merging that copy back
+would undo a release answered C{OK}.
+
+So once a follower is lost, the active notes the releases of grants issued
+before then (tokens up to the highest at that moment: a grant issued later
+cannot be in the follower's copy), and those of the moments before, while
+the follower was already silent.  That is bounded by the keys held at that
+moment, whatever the partition's length.  The winner of the heal skips an
+offered copy of a grant it released.  Expiries are not noted: each side
+runs the lease on its own, and a renewal answered by the other side must
+survive.  Everything is forgotten once every peer follows this node again.
+
+(The other way round, a release answered by the side that loses the heal
+is undone when the winner still holds the grant: see docs/consistency.md.)
+
+Pure: time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Deque, Dict, Optional, Tuple
+
+# Notes kept at most (about 100 bytes each); beyond, releases are not noted
+# (the heal then keeps the other side's copy, as without notes).
+MAX_NOTED = 1_000_000
+
+
+class Releases:
+    """
+    The releases this node answered that a peer may not know of.
+
+    @ivar watermark: while noting, the highest token a peer's copy may
+        hold; None when every peer follows us.
+    """
+
+    def __init__(self, recentFor: float) -> None:
+        """
+        @param recentFor: how long releases are remembered before anything
+            is known to be missed (a follower is found gone only after it
+            has been silent for a while).
+        """
+        self.recentFor = recentFor
+        self.watermark: Optional[int] = None
+        self.noted: Dict[bytes, int] = {}
+        self._recent: Deque[Tuple[float, bytes, int]] = deque()
+
+    def released(self, key: bytes, token: int, now: float) -> None:
+        recent = self._recent
+        recent.append((now, key, token))
+        horizon = now - self.recentFor
+        while recent[0][0] < horizon:
+            recent.popleft()
+        if self.watermark is not None and token <= self.watermark:
+            self._note(key, token)
+
+    def _note(self, key: bytes, token: int) -> None:
+        if len(self.noted) < MAX_NOTED:
+            self.noted[key] = token
+
+    def startNoting(self, watermark: int, since: float) -> None:
+        """
+        A peer may hold copies of grants up to C{watermark} and may have
+        missed our releases since C{since}: note them from now on (and
+        those already answered since then).
+        """
+        self.watermark = max(watermark, self.watermark or 0)
+        for at, key, token in self._recent:
+            if at >= since and token <= watermark:
+                self._note(key, token)
+
+    def releasedHere(self, key: bytes, token: int) -> bool:
+        """
+        Whether this node released grant C{token} of C{key} while noting.
+        """
+        return self.noted.get(key) == token
+
+    def forget(self) -> None:
+        """
+        Every peer follows us again (and has offered its keys): nothing
+        more to tell apart.
+        """
+        self.watermark = None
+        self.noted.clear()
