@@ -42,14 +42,14 @@ class Transport(StringTransport):
 
 
 class Lab:
-    def __init__(self, me: int = 0) -> None:
+    def __init__(self, me: int = 0, **options: float) -> None:
         self.clock = Clock()
         self.clock.advance(1000)
         self.wall = NOW_US
         self.log: List[Tuple[str, bytes]] = []
         self.locks = LockService(self.clock, lambda: self.wall)
         self.cluster = Cluster(None, self.locks, PEERS, PEERS[me], b"s3cret",
-                               wallMicros=lambda: self.wall)
+                               wallMicros=lambda: self.wall, **options)  # type: ignore[arg-type]
 
     def link(self, j: int, outbound: bool) -> PeerChannel:
         """
@@ -588,6 +588,21 @@ def test_an_active_that_was_stopped_serves_nothing_until_it_has_read_its_peers(
     lab.clock.advance(0)
     assert lab.cluster.role == ACTIVE
     assert lab.ask(b"R k %d" % token) == b"R k OK\n"
+
+
+def test_heartbeats_on_time_never_look_like_a_freeze() -> None:
+    """
+    With a peer timeout barely above the heartbeat, a tick on time is not
+    "late": the active serves on.
+    """
+    lab = Lab(heartbeat=0.1, peerTimeout=0.15)
+    follower = activeWithFollower(lab)
+    lab.client()
+    for _ in range(5):
+        lab.clock.advance(0.1)
+        lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+        assert lab.ask(b"A k%d 30 0" % _).startswith(b"A ")
+        lab.cluster.tick()
 
 
 # -- snapshots ----------------------------------------------------------------------

@@ -93,6 +93,10 @@ class Cluster(Service):
         self.secret = secret
         self.heartbeat = heartbeat
         self.peerTimeout = peerTimeout
+        # A heartbeat timer this late means the process did not run (see
+        # tick): half the time a peer has to notice, and well over the
+        # heartbeat period itself.
+        self.frozenAfter = max(peerTimeout / 2, 2.5 * heartbeat)
         self.wallMicros = wallMicros
         # The operator's event feed (promotion, handoff, peer-up/down):
         # called as eventSink(type, who, detail); makeService connects it.
@@ -256,7 +260,7 @@ class Cluster(Service):
         now = self.clock.seconds()
         idle = 0.0 if self._lastTick is None else now - self._lastTick
         self._lastTick = now
-        late = idle > self.peerTimeout / 2
+        late = idle > self.frozenAfter
         if late and not self._catchingUp:
             # This process did not run for a while (stopped, starved): what
             # the peers sent meanwhile still waits unread in our sockets,
@@ -279,8 +283,8 @@ class Cluster(Service):
     def _notJustResumed(self) -> None:
         """
         Before an active serves a turn of requests or timers: when this
-        process did not run for more than half a peer timeout (stopped,
-        frozen), a standby may have promoted meanwhile, and its news waits
+        process did not run for more than half a peer timeout (L{frozenAfter}:
+        stopped, frozen), a standby may have promoted meanwhile, and its news waits
         unread in our sockets, behind the requests that piled up.  Answering
         those first would decide things the heal then undoes (a release
         answered OK brought back by the other side's copy), so the node
@@ -291,7 +295,7 @@ class Cluster(Service):
             self._stopServingUntilRead(self.clock.seconds() - self._lastTick)
 
     def _stopServingUntilRead(self, idle: float) -> None:
-        if self.serving and not self._resuming and idle > self.peerTimeout / 2:
+        if self.serving and not self._resuming and idle > self.frozenAfter:
             self._resuming = True
             self.log.info("did not run for {ms:.0f} ms: not serving until the peers are read",
                           ms=idle * 1000)
