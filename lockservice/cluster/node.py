@@ -283,13 +283,13 @@ class Cluster(Service):
     def _notJustResumed(self) -> None:
         """
         Before an active serves a turn of requests or timers: when this
-        process did not run for more than half a peer timeout (L{frozenAfter}:
-        stopped, frozen), a standby may have promoted meanwhile, and its news waits
-        unread in our sockets, behind the requests that piled up.  Answering
-        those first would decide things the heal then undoes (a release
-        answered OK brought back by the other side's copy), so the node
-        serves nothing (C{M ... *}, as during a handoff) until the late
-        tick has read its peers and judged again (see L{tick}).
+        process did not run for L{frozenAfter} (stopped, frozen), a standby
+        may have promoted meanwhile, and its news waits unread in our
+        sockets, behind the requests that piled up.  Answering those first
+        would decide things the heal then undoes (a release answered OK
+        brought back by the other side's copy), so the node serves nothing
+        (C{M ... *}, as during a handoff) until the late tick has read its
+        peers and judged again (see L{tick}).
         """
         if self._lastTick is not None:
             self._stopServingUntilRead(self.clock.seconds() - self._lastTick)
