@@ -276,9 +276,12 @@ class Cluster(Service):
         self.refreshViews()
         self.broadcastHeartbeat()
         self.evaluate()
-        if (self.releases.watermark is not None and self.role == ACTIVE
-                and all(v.alive for v in self.views.values()) and not self.unsubscribed()):
-            self.releases.forget()  # every peer follows us again
+        if self.releases.watermark is not None and self.role == ACTIVE and all(
+                v.alive and j in self.links.inbound and self.links.inbound[j].applied
+                and v.leader == self.me for j, v in self.views.items()):
+            # Every peer follows us again, and has replaced its old copy of
+            # the grants with our snapshot.
+            self.releases.forget()
 
     def _notJustResumed(self) -> None:
         """

@@ -131,6 +131,8 @@ class PeerChannel:
         self.authenticated = False
         self.replicating = False
         self.synced = False
+        # (inbound) the follower says it applied our snapshot (SYNCED).
+        self.applied = False
         self.snapshot: Optional[Any] = None
         # (inbound) the MERGE lines that follow repeat a stream we already
         # have whole (see Stream.offered).

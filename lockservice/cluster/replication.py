@@ -14,6 +14,7 @@ Lines on a peer channel:
     SNAP <term> <last_token>                leader -> follower: a snapshot begins
     H <key> <token> <remaining_us> <age_us> one held key of the snapshot
     SNAPEND                                 the snapshot is complete
+    SYNCED                                  follower -> leader: it applied the snapshot
     G <key> <token> <remaining_us> <age_us> a grant or a renewal (live stream)
     D <key> <token>                         a release or an expiry (live stream)
 
@@ -239,6 +240,7 @@ class Stream:
             channel.transport.unregisterProducer()  # type: ignore[attr-defined]
         locks = self.cluster.locks
         channel.synced = False
+        channel.applied = False
         channel.send(b"SNAP %d %d" % (self.cluster.term, locks.lastToken()))
         channel.replicating = True
         producer = SnapshotProducer(self, channel, locks.table.keys())
@@ -308,6 +310,11 @@ class Stream:
         elif kind == b"SNAPEND":
             if cluster.fromLeader(j, channel):
                 cluster.synchronised(j)
+                channel.send(b"SYNCED")
+        elif kind == b"SYNCED":
+            if not channel.outbound:
+                # Its old copy of the grants is gone (see released.py).
+                channel.applied = True
         else:
             raise ValueError(kind)
 
