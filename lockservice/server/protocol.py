@@ -220,7 +220,9 @@ class LockProtocol(LineOnlyReceiver):
         L{ReadBudget}), then read again.
         """
         data, self._putOff = self._putOff, b""
-        if data and not self._lost:
+        if self._lost:
+            return
+        if data:
             self.dataReceived(data)
         self._updateReading()
 
@@ -290,8 +292,9 @@ class LockProtocol(LineOnlyReceiver):
         if self.peer is not None:
             self.peer.dataReceived(data)
             return
-        if not self.factory.readBudget.spend(self, len(data)):
-            # This iteration has handled enough input: the rest waits.
+        if self._putOff or not self.factory.readBudget.spend(self, len(data)):
+            # This iteration has handled enough input: the rest waits
+            # (behind what already waits, in order).
             self._putOff += data
             self._updateReading()
             return
