@@ -7,7 +7,7 @@ newest supported).
 from __future__ import annotations
 
 import socket
-from typing import Any, List
+from typing import Any, List, Optional
 
 import pytest
 import pytest_twisted
@@ -168,12 +168,13 @@ def test_watchSocketErrorTellsAFinFromAReset() -> Any:
 
 
 @inlineCallbacks
-def _dialled(listener: socket.socket) -> Any:
+def _dialled(listener: socket.socket, proto: Optional[_Keep] = None) -> Any:
     """
-    A Twisted TCP transport connected to C{listener}, and the plain socket
-    accepted on the other end.
+    A Twisted TCP transport connected to C{listener} (with C{proto}, by
+    default one that does nothing), and the plain socket accepted on the
+    other end.
     """
-    proto = _Keep()
+    proto = proto or _Keep()
     proto.made = Deferred()
     endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
     yield connectProtocol(endpoint, proto)
@@ -272,11 +273,7 @@ def test_readWaitingDeliversWaitingBytesAndLeavesTheEndToTheReactor(reset: bool)
     listener.listen(1)
     try:
         proto = _Record()
-        proto.made = Deferred()
-        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
-        yield connectProtocol(endpoint, proto)
-        transport = yield proto.made
-        accepted, _ = listener.accept()
+        transport, accepted = yield _dialled(listener, proto)
         accepted.sendall(b"x" * 20_000 + b"tail\n")
         if reset:
             accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")

@@ -255,17 +255,25 @@ def test_an_inbound_mismatch_reports_the_connection_source() -> None:
 # -- read pacing on a dialled link (the standby's side of replication) --------
 
 
-def test_a_stream_of_small_reads_pauses_the_dialled_link_briefly() -> None:
+def pacedLink() -> "tuple[Owner, PeerChannel, StringTransport]":
     """
-    Writes arriving back to back (a busy active's replication stream) are
-    read together: after a second small read within READ_PACE the link
-    stops reading for READ_PACE, then reads again; nothing is lost.
+    A standby's dialled link to its leader, a second after it came up.
     """
     a, b = Owner(0), Owner(1)
     outbound, _, _ = dial(a, b)
     transport = outbound.transport
     assert isinstance(transport, StringTransport)
     a.clock.advance(1)
+    return a, outbound, transport
+
+
+def test_a_stream_of_small_reads_pauses_the_dialled_link_briefly() -> None:
+    """
+    Writes arriving back to back (a busy active's replication stream) are
+    read together: after a second small read within READ_PACE the link
+    stops reading for READ_PACE, then reads again; nothing is lost.
+    """
+    a, outbound, transport = pacedLink()
     outbound.dataReceived(b"G k1 1 2 3\n")
     assert transport.producerState == "producing"  # a lone read never pauses
     a.clock.advance(READ_PACE / 2)
@@ -303,11 +311,7 @@ def test_catching_up_ends_a_pause_at_once() -> None:
     A standby leaving its leader reads that link up first: a pending pause
     ends now, and reads during the catch-up do not start a new one.
     """
-    a, b = Owner(0), Owner(1)
-    outbound, _, _ = dial(a, b)
-    transport = outbound.transport
-    assert isinstance(transport, StringTransport)
-    a.clock.advance(1)
+    a, outbound, transport = pacedLink()
     outbound.dataReceived(b"G k1 1 2 3\n")
     outbound.dataReceived(b"G k2 1 2 3\n")
     assert transport.producerState == "paused"
