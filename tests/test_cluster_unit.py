@@ -307,14 +307,23 @@ def test_a_run_of_changes_applies_in_order_and_skips_bad_lines() -> None:
 # -- merge on heal -------------------------------------------------------------
 
 
-def test_the_winner_keeps_every_key_and_the_higher_token() -> None:
-    lab = Lab()
+def winnerHolding(lab: Lab, *keys: bytes) -> Tuple[PeerChannel, List[int], PeerChannel]:
+    """
+    An active with a follower (node 1) that holds C{keys} for 30 s, and
+    the link of a node (2) that lost a split brain and is about to offer.
+
+    @return: the follower's link, the keys' tokens, the loser's link.
+    """
     follower = activeWithFollower(lab)
     lab.client()
-    mine = int(lab.ask(b"A both 30 0").split()[2])
-    kept = int(lab.ask(b"A kept 30 0").split()[2])
+    tokens = [int(lab.ask(b"A %s 30 0" % key).split()[2]) for key in keys]
     lines(follower)
-    loser = lab.link(2, outbound=False)
+    return follower, tokens, lab.link(2, outbound=False)
+
+
+def test_the_winner_keeps_every_key_and_the_higher_token() -> None:
+    lab = Lab()
+    follower, (mine, kept), loser = winnerHolding(lab, b"both", b"kept")
     lab.hear(loser, b"MERGE only-theirs 77 20000000 1000000",
              b"MERGE both %d 30000000 0" % (mine + 1),
              b"MERGE kept %d 30000000 0" % (kept - 1), b"SYNC")
@@ -337,12 +346,7 @@ def test_a_renewal_answered_on_the_losing_side_survives_the_heal() -> None:
     our own deadline coming back a little late changes nothing.
     """
     lab = Lab()
-    follower = activeWithFollower(lab)
-    lab.client()
-    renewed = int(lab.ask(b"A renewed 30 0").split()[2])
-    same = int(lab.ask(b"A same 30 0").split()[2])
-    lines(follower)
-    loser = lab.link(2, outbound=False)
+    follower, (renewed, same), loser = winnerHolding(lab, b"renewed", b"same")
     lab.hear(loser, b"MERGE renewed %d 900000000 5000000" % renewed,
              b"MERGE same %d 30500000 0" % same, b"SYNC")
     now = lab.clock.seconds()

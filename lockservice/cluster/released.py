@@ -17,7 +17,8 @@ the follower was already silent.  That is bounded by the keys held at that
 moment, whatever the partition's length.  The winner of the heal skips an
 offered copy of a grant it released.  Expiries are not noted: each side
 runs the lease on its own, and a renewal answered by the other side must
-survive.  Everything is forgotten once every peer follows this node again.
+survive.  Everything is forgotten once every peer follows this node again
+and has applied its snapshot (its old copy is gone).
 
 (The other way round, a release answered by the side that loses the heal
 is undone when the winner still holds the grant: see docs/consistency.md.)
@@ -86,8 +87,9 @@ class Releases:
 
     def forget(self) -> None:
         """
-        Every peer follows us again (and has offered its keys): nothing
-        more to tell apart.
+        Every peer follows us again and has applied our snapshot (its
+        offer came before, and its old copy is gone): nothing more to tell
+        apart.
         """
         self.watermark = None
         self.noted.clear()
