@@ -399,3 +399,32 @@ def test_tls_cluster_fails_over_fast_on_kill_9(tmp_path) -> None:  # type: ignor
         if took[-1] < 3:
             break
     assert min(took) < 3, took
+
+
+@pytest.mark.parametrize("pause", [1.5, 5.0])
+def test_heal_keeps_the_releases_the_successor_answered(cluster, pause) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 4: node0 grants five keys and is paused; node1 promotes
+    and answers C{R key OK} for each; on SIGCONT node0 (higher priority)
+    wins the heal, and every one of the five stays released.
+    """
+    c = cluster(3)
+    node0, node1, _ = c.nodes
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    keys = [b"k%d" % i for i in range(5)]
+    tokens = {key: grant(node0.port, key, b"20") for key in keys}
+    waitFor(lambda: isHeld(node0.port, keys[-1]), 5, what="replicated")
+    node0.signal(signal.SIGSTOP)
+    stoppedAt = time.monotonic()
+    try:
+        waitFor(lambda: probeRole(node1.port, timeout=1) == "active", 10, what="node1 active")
+        with LineClient(node1.port) as conn:
+            for key in keys:
+                assert conn.ask(b"R %s %d" % (key, tokens[key])) == b"R %s OK" % key
+        time.sleep(max(0.0, stoppedAt + pause - time.monotonic()))
+    finally:
+        node0.signal(signal.SIGCONT)
+    waitFor(lambda: onlyActive(c, node0) and probeRole(node1.port) == "M " + node0.address,
+            10, what="node0 the only active again")
+    held = [key for key in keys if isHeld(node0.port, key)]
+    assert held == [], f"{len(held)} of {len(keys)} released keys held again after the heal"

@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from lockservice.cluster import handoff, replication
+from lockservice.cluster import handoff, merge, replication
 from lockservice.cluster.node import Cluster
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE, HANDING_OFF, STANDBY, SYNCING
@@ -508,6 +508,69 @@ def test_after_a_promotion_every_offer_is_merged() -> None:
     fromOther = lab.link(2, outbound=False)
     lab.hear(fromOther, b"OFFER 0 %d" % NOW_US, b"MERGE missed 3 30000000 0", b"SYNC")
     assert sorted(dict(lab.locks.heldKeys())) == [b"missed"]
+
+
+def test_the_losers_releases_stay_released_after_the_heal() -> None:
+    """
+    Issue 21 item 4: the other side released grants we still hold (it
+    served while we were cut off or stopped).  Its release notes drop
+    them here -- also in an offer otherwise ignored, and with a waiter
+    here, which gets the key -- and reach our standbys; a note of another
+    grant of the key changes nothing.
+    """
+    lab = Lab()
+    follower, (gone, waited, other), loser = winnerHolding(lab, b"gone", b"waited", b"other")
+    waiter = lab.client()
+    lab.protocol.dataReceived(b"A waited 30 10\n")
+    lab.clock.advance(0)
+    lab.cluster.inheritedFrom = (1, NOW_US)
+    lab.hear(loser, b"OFFER 1 %d" % NOW_US, b"RELEASED gone %d" % gone,
+             b"RELEASED waited %d" % waited, b"RELEASED other %d" % (other - 1),
+             b"MERGE gone %d 30000000 0" % gone, b"SYNC")
+    lab.clock.advance(0)
+    held = dict(lab.locks.heldKeys())
+    assert b"gone" not in held and held[b"other"].token == other
+    assert held[b"waited"].token > waited
+    assert waiter.value().startswith(b"A waited ")
+    stream = lines(follower)
+    assert b"D gone %d" % gone in stream and b"D waited %d" % waited in stream
+
+
+def test_a_promoted_node_brings_its_releases_of_inherited_grants_to_the_heal() -> None:
+    """
+    The successor of a stopped active answers R OK for grants it took over;
+    when the old active comes back and wins, the successor's offer carries
+    those releases (and not its release of a grant of its own term).
+    """
+    lab = Lab(me=1)
+    leader = following(lab, leader=0)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H k1 5 30000000 0", b"H k2 6 30000000 0",
+             b"SNAPEND")
+    lab.cluster.views[0].alive = False  # stopped
+    lab.cluster._promote()
+    lab.client()
+    assert lab.ask(b"R k1 5") == b"R k1 OK\n"
+    mine = int(lab.ask(b"A mine 30 0").split()[2])
+    assert lab.ask(b"R mine %d" % mine) == b"R mine OK\n"
+    back = lab.link(0, outbound=True)
+    lab.hear(back, b"HB %d active - 5" % (lab.cluster.term + 1))
+    assert lab.cluster.role == STANDBY
+    sent = lines(back)
+    assert sent[0].startswith(b"OFFER 1 ")
+    assert sent[1:4] == [b"RELEASED k1 5", b"MERGE k2 6 30000000 0", b"SYNC"]
+    assert not lab.cluster.releases.noted  # handed over
+
+
+@pytest.mark.parametrize("held, token, expiresAt, releasedHere, verdict", [
+    (None, 5, 100.0, False, merge.TAKE),
+    (None, 5, 100.0, True, merge.KEEP),  # we released it: never undone
+    ((6, 100.0), 5, 500.0, False, merge.KEEP),  # the higher token wins
+    ((4, 100.0), 5, 50.0, False, merge.TAKE),
+    ((5, 100.0), 5, 100.5, False, merge.KEEP),  # our own deadline, a little late
+    ((5, 100.0), 5, 160.0, False, merge.EXTEND),  # renewed on the other side
+])
+def test_the_per_grant_heal_rule(held, token, expiresAt, releasedHere, verdict) -> None:  # type: ignore[no-untyped-def]
+    assert merge.decide(held, token, expiresAt, releasedHere) == verdict
 
 
 # -- liveness -------------------------------------------------------------------

@@ -63,6 +63,8 @@ SUBSCRIBE_BOUND = 2.0
 # Replication lines that change held keys (grant, snapshot holder, drop):
 # runs of them are applied in bulk (Stream.applyChanges).
 _CHANGES = (b"H ", b"G ", b"D ")
+# The lines of a heal's offer (see merge.py), likewise kept in one run.
+_OFFERED = (b"MERGE ", b"RELEAS")
 
 
 class Cluster(Service):
@@ -143,6 +145,9 @@ class Cluster(Service):
         # nothing until it has read what its peers sent meanwhile.
         self._resuming = False
         self._implausibleLogged: Dict[int, float] = {}
+        # Grants a heal's loser released that we could not release yet
+        # (see releaseMerged).
+        self._releaseWhenServing: List[Tuple[bytes, int]] = []
         locks.observers.append(self.stream)
         locks.beforeAnswerHooks.append(self.stream.flush)
         locks.beforeTurnHooks.append(self._notJustResumed)
@@ -400,9 +405,9 @@ class Cluster(Service):
                 self.stream.applyChanges(j, channel, lines[i:end])
                 i = end
                 continue
-            if lines[i][:6] == b"MERGE ":
+            if lines[i][:6] in _OFFERED:
                 end = i + 1
-                while end < count and lines[end][:6] == b"MERGE ":
+                while end < count and lines[end][:6] in _OFFERED:
                     end += 1
                 self.stream.merge(j, channel, lines[i:end])
                 i = end
@@ -533,6 +538,9 @@ class Cluster(Service):
             self.serving = serving
             self.locks.setRole(ACTIVE if serving else HANDING_OFF, self.activeAddress())
             if serving:
+                pending, self._releaseWhenServing = self._releaseWhenServing, []
+                for key, token in pending:
+                    self.releaseMerged(key, token)
                 since = max(self.activeSince, self._frozenAt)
                 self.log.info("serving: {peers} live peer(s) receive the stream "
                               "({ms:.0f} ms after this node {what})",
@@ -599,12 +607,31 @@ class Cluster(Service):
         self.leader = None
         self.inheritedFrom = None
         self.promotions += 1
+        # The old active may come back with its copy of the grants we took
+        # over: note our releases of them for that heal (see merge.py).
+        self.releases.startNoting(self.locks.lastToken(), self.clock.seconds())
         self.setRole(ACTIVE)
         self.log.warn("promoted to active (term {term}) with {keys} held keys",
                       term=self.term, keys=self.locks.heldCount())
         self.eventSink("promotion", self.name(self.me),
                        f"term {self.term}, {self.locks.heldCount()} held keys")
         self.broadcastHeartbeat()
+
+    def releaseMerged(self, key: bytes, token: int) -> None:
+        """
+        A heal's loser released grant C{token} of C{key}, which we still
+        hold: release it here too (its next waiter gets the key, our
+        standbys hear of it).  While we do not serve yet, it is only
+        dropped, and a key with waiters is released when we serve.
+        """
+        if self.locks.role == ACTIVE:
+            self.locks.release(key, token, lambda answer: None)
+            return
+        self.locks.dropHolder(key, token)
+        if self.locks.table.tokenOf(key) == token:
+            self._releaseWhenServing.append((key, token))
+        else:
+            self.stream.dropped(key, token, 0.0, expired=False)
 
     def _caughtUpWithLeader(self) -> bool:
         """
@@ -646,9 +673,11 @@ class Cluster(Service):
         already holds them).
         """
         if self._offerFrom is not None:
-            offered = self.stream.sendMerge(channel, self._offerFrom)
+            grants, notes = self.stream.sendMerge(channel, self._offerFrom)
             self._offerFrom = None
-            if offered:
-                self.log.info("offered {keys} held keys to {peer}", keys=offered,
-                              peer=self.name(channel.remote or 0))
+            # Handed over: the winner keeps them from now on.
+            self.releases.forget()
+            if grants or notes:
+                self.log.info("offered {keys} held keys and {notes} release notes to {peer}",
+                              keys=grants, notes=notes, peer=self.name(channel.remote or 0))
         channel.send(b"SYNC")

@@ -6,11 +6,9 @@ standby (or, on a heal, the winner) applies it.
 Lines on a peer channel:
 
     SYNC                                    follower -> leader: send state, then stream
-    OFFER <leader> <term>                   follower -> leader, before its MERGE lines:
-                                            they mirror <leader>'s stream of <term>
-    MERGE <key> <token> <remaining_us> <age_us>
-                                            follower -> leader, before SYNC: a key the
-                                            follower holds (a heal: the winner keeps it)
+    OFFER, RELEASED, MERGE lines            follower -> leader, before SYNC, on a heal:
+                                            what the follower holds and released
+                                            (see L{lockservice.cluster.merge})
     SNAP <term> <last_token>                leader -> follower: a snapshot begins
     H <key> <token> <remaining_us> <age_us> one held key of the snapshot
     SNAPEND                                 the snapshot is complete
@@ -37,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 from twisted.internet.interfaces import IDelayedCall, IPullProducer
 from zope.interface import implementer
 
+from lockservice.cluster import merge as merging
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
 from lockservice.internals import flushToKernel, nothingBuffered
@@ -47,10 +46,6 @@ if TYPE_CHECKING:
 SNAPSHOT_CHUNK = 4000
 # How far ahead of our clock a peer's token or term may be (microseconds).
 PLAUSIBLE_AHEAD = 3600 * 10**6
-# On a heal, an offered copy of a grant we hold (same token) whose deadline
-# is later by more than this was renewed on the other side (seconds; an
-# offer of a million keys takes about a second to arrive and be applied).
-RENEWAL_SLACK = 1.0
 
 
 def writeNow(channel: PeerChannel, data: bytes) -> None:
@@ -260,23 +255,23 @@ class Stream:
             silence=cluster.links.longestSilence.get(j, 0.0) * 1000,
         )
 
-    def sendMerge(self, channel: PeerChannel, origin: Tuple[int, int]) -> int:
+    def sendMerge(self, channel: PeerChannel, origin: Tuple[int, int]) -> Tuple[int, int]:
         """
-        Offer every key we hold to the leader we now follow (a heal), so
-        that it keeps them.
+        Offer the leader we now follow (a heal) every grant we hold and
+        every release we noted since we diverged (see merge.py), so that
+        it keeps the one and does not undo the other.
 
         @param origin: the (leader, term) whose stream our keys mirror.
-        @return: how many keys were offered.
+        @return: how many grants and release notes were offered.
         """
         now = self.cluster.clock.seconds()
-        lines = [
-            b"MERGE %s %d %d %d" % (key, token, _us(expiresAt - now), _us(now - grantedAt))
-            for key, token, grantedAt, expiresAt in self.cluster.locks.table.grants()
-        ]
-        if lines:
-            lines.insert(0, b"OFFER %d %d" % origin)
-            channel.transport.write(b"\n".join(lines) + b"\n")
-        return len(lines) - 1 if lines else 0
+        grants = [(key, token, _us(expiresAt - now), _us(now - grantedAt))
+                  for key, token, grantedAt, expiresAt in self.cluster.locks.table.grants()]
+        notes = list(self.cluster.releases.notes())
+        data = merging.offerLines(origin, notes, grants)
+        if data:
+            channel.transport.write(data)
+        return len(grants), len(notes)
 
     # -- the receiving side -------------------------------------------------
 
@@ -295,7 +290,7 @@ class Stream:
                 self.startSnapshot(channel)
         elif kind == b"OFFER":
             self.offered(j, channel, int(fields[1]), int(fields[2]))
-        elif kind == b"MERGE":
+        elif kind in (merging.MERGE, merging.RELEASED):
             self.merge(j, channel, [b" ".join(fields)])
         elif kind == b"SNAP":
             if cluster.fromLeader(j, channel):
@@ -368,41 +363,44 @@ class Stream:
 
     def merge(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
         """
-        A run of C{MERGE} lines from peer C{j} (its offer, on a heal), kept
-        by an active node in one loop: a standby's offer after a failover
-        repeats every held key, most of which we hold already.
+        A run of C{MERGE} and C{RELEASED} lines from peer C{j} (its offer,
+        on a heal), kept by an active node in one loop: a standby's offer
+        after a failover repeats every held key, most of which we hold
+        already.  A release note counts even in an offer that is otherwise
+        ignored (see L{offered}): a release answered by anyone is a fact.
         """
         cluster = self.cluster
-        if channel.outbound or cluster.role != ACTIVE or channel.staleOffer:
+        if channel.outbound or cluster.role != ACTIVE:
             return
+        stale = channel.staleOffer
         now = cluster.clock.seconds()
         limit = cluster.wallMicros() + PLAUSIBLE_AHEAD
         table, install = cluster.locks.table, cluster.locks.installHolder
-        tokenOf, expiresAt = table.tokenOf, table.expiresAt
+        grantOf = table.grantOf
         releasedHere = cluster.releases.releasedHere
+        decide = merging.decide
         for line in lines:
             fields = line.rstrip(b"\r").split(b" ")
             try:
                 key, token = fields[1], int(fields[2])
-                held = tokenOf(key)
-                if held is not None and held > token:
+                grant = grantOf(key)
+                if fields[0] == merging.RELEASED:
+                    if merging.releasedThere(None if grant is None else grant[0], token):
+                        cluster.releaseMerged(key, token)
+                    continue
+                if stale or (grant is not None and grant[0] > token):
                     continue  # the higher token wins
                 remaining, age = int(fields[3]) / 1e6, int(fields[4]) / 1e6
             except (IndexError, ValueError):
                 cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
                 continue
-            if held == token:
-                # The same grant on both sides: a renewal answered on the
-                # other side moved its deadline, and that one is kept.  (A
-                # copy of our own deadline arrives a little later than it
-                # left: within RENEWAL_SLACK it is the same deadline.)
-                if now + remaining <= expiresAt(key) + RENEWAL_SLACK:  # type: ignore[operator]
-                    continue
-            elif token > limit:
+            if token > limit:
                 cluster.plausible(j, token, "token")  # logs it
                 continue
-            elif releasedHere(key, token):
-                continue  # a copy from before our release (see released.py)
+            verdict = decide(None if grant is None else (grant[0], grant[2]), token,
+                             now + remaining, releasedHere(key, token))
+            if verdict == merging.KEEP:
+                continue
             install(key, token, remaining, age)
             cluster.merged += 1
             self.granted(key, token, now - age, now + remaining, 0.0)
