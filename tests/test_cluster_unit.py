@@ -573,6 +573,27 @@ def test_the_per_grant_heal_rule(held, token, expiresAt, releasedHere, verdict) 
     assert merge.decide(held, token, expiresAt, releasedHere) == verdict
 
 
+def test_the_serving_line_counts_only_live_peers_that_receive_the_stream() -> None:
+    """
+    Issue 21 item 11: after a kill -9 of one peer, "serving: N live
+    peer(s) receive the stream" counts the peers that do, not every peer.
+    """
+    from twisted.logger import Logger, formatEvent
+
+    lab = Lab()
+    said: List[str] = []
+    lab.cluster.log = Logger(observer=lambda event: said.append(formatEvent(event)))
+    follower = lab.link(1, outbound=False)
+    lab.hear(follower, b"HB %d standby - 1" % NOW_US)
+    lab.cluster.term = NOW_US
+    lab.cluster.setRole(ACTIVE)  # node 1 is live and not yet ours: not serving
+    assert not lab.cluster.serving
+    lab.hear(follower, b"SYNC", b"HB %d standby 0 1" % NOW_US)
+    assert lab.cluster.serving
+    serving = [line for line in said if line.startswith("serving:")]
+    assert serving and serving[-1].startswith("serving: 1 live peer(s) receive the stream"), said
+
+
 # -- liveness -------------------------------------------------------------------
 
 

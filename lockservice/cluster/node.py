@@ -544,7 +544,8 @@ class Cluster(Service):
                 since = max(self.activeSince, self._frozenAt)
                 self.log.info("serving: {peers} live peer(s) receive the stream "
                               "({ms:.0f} ms after this node {what})",
-                              peers=len(self.views) - len(missing),
+                              peers=sum(1 for j, v in self.views.items()
+                                        if v.alive and j not in missing),
                               ms=(now - since) * 1000,
                               what="became active" if since == self.activeSince
                               else "stopped serving")
