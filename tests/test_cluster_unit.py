@@ -594,6 +594,62 @@ def test_the_serving_line_counts_only_live_peers_that_receive_the_stream() -> No
     assert serving and serving[-1].startswith("serving: 1 live peer(s) receive the stream"), said
 
 
+def saying(lab: Lab) -> List[str]:
+    from twisted.logger import Logger, formatEvent
+
+    said: List[str] = []
+    lab.cluster.log = Logger(observer=lambda event: said.append(formatEvent(event)))
+    return said
+
+
+def test_a_node_far_behind_its_peers_stands_by_and_says_why() -> None:
+    """
+    Issue 21 item 5: our clock is 2 h behind the active's.  We refuse its
+    term and token, but stand by (never promote, even after the start-up
+    grace), say why on /status and once in the log, tell our peers we
+    distrust our clock, and ask for no snapshot we would refuse.  Once
+    that peer is gone we sync afresh.
+    """
+    from lockservice.server.http import status
+
+    lab = Lab()
+    said = saying(lab)
+    lab.wall = NOW_US - 7200 * 10**6
+    lab.cluster.startService()
+    ahead = lab.link(1, outbound=True)
+    for _ in range(30):
+        lab.hear(ahead, b"HB %d active - %d" % (NOW_US, NOW_US))
+        ticks(lab, 0.1)
+    assert lab.cluster.role == STANDBY and lab.locks.role == STANDBY
+    assert lab.locks.lastToken() < NOW_US and lab.cluster.maxTerm < NOW_US
+    assert b"SYNC" not in lines(ahead)
+    report = status(lab.locks, lab.cluster)
+    assert report["role"] == "standby" and report["active"] == PEERS[1]
+    assert "ahead of this node's clock" in report["clock_suspect"]
+    assert sum("looks wrong" in line for line in said) == 1, said
+    assert lab.cluster.heartbeatLine().endswith(b" suspect")
+    ahead.connectionLost(Failure(ConnectionLost()))
+    ticks(lab, 1.5)
+    assert lab.cluster.clockSuspect is None
+    assert status(lab.locks, lab.cluster)["clock_suspect"] is None
+    lab.cluster.stopService()
+
+
+def test_an_active_that_meets_a_peer_far_ahead_steps_down_and_offers_its_keys() -> None:
+    lab = Lab()
+    lab.cluster.term = NOW_US
+    lab.cluster.setRole(ACTIVE)
+    lab.client()
+    token = int(lab.ask(b"A mine 30 0").split()[2])
+    ahead = lab.link(1, outbound=True)
+    far = NOW_US + 7200 * 10**6
+    lab.hear(ahead, b"HB %d active - %d" % (far, far))
+    assert lab.cluster.role == STANDBY and not lab.cluster.serving
+    sent = lines(ahead)
+    assert b"MERGE mine %d 30000000 0" % token in sent and b"SYNC" not in sent
+    assert lab.ask(b"A other 30 0") == b"M A other %s\n" % PEERS[1].encode()
+
+
 # -- liveness -------------------------------------------------------------------
 
 

@@ -35,11 +35,13 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 
+from lockservice.cluster import clocktrust
+from lockservice.cluster.clocktrust import PLAUSIBLE_AHEAD
 from lockservice.cluster.handoff import Handoffs
 from lockservice.cluster.links import Links
 from lockservice.cluster.peer import HandshakeLimit, PeerChannel, acceptChannel
 from lockservice.cluster.released import Releases
-from lockservice.cluster.replication import PLAUSIBLE_AHEAD, Stream
+from lockservice.cluster.replication import Stream
 from lockservice.core import election
 from lockservice.core.election import (
     ACTIVE,
@@ -145,6 +147,14 @@ class Cluster(Service):
         # nothing until it has read what its peers sent meanwhile.
         self._resuming = False
         self._implausibleLogged: Dict[int, float] = {}
+        # By peer: what its last heartbeat had far ahead of our clock, and
+        # by how much (see clocktrust).
+        self._aheadOf: Dict[int, Tuple[str, int]] = {}
+        # Why this node distrusts its own clock (shown on /status), or None.
+        self.clockSuspect: Optional[str] = None
+        # Whether we are a standby only because our clock is the suspect
+        # (we hold no state of the cluster's).
+        self._deferred = False
         # Grants a heal's loser released that we could not release yet
         # (see releaseMerged).
         self._releaseWhenServing: List[Tuple[bytes, int]] = []
@@ -237,7 +247,7 @@ class Cluster(Service):
             candidates = sorted(
                 j for j, v in self.views.items()
                 if v.alive and v.role == STANDBY and v.leader == self.me
-                and j in self.links.inbound and self.links.inbound[j].synced
+                and not v.clockSuspect and j in self.links.inbound and self.links.inbound[j].synced
             )
             if not candidates:
                 self.log.warn("stopping with no live standby: held locks end with this node")
@@ -315,6 +325,8 @@ class Cluster(Service):
             view.secretMismatch = self.links.secretMismatch(j)
             if alive != view.alive:
                 view.alive = alive
+                if not alive:
+                    self._aheadOf.pop(j, None)
                 self._peerChanged(j, alive)
 
     def _peerChanged(self, j: int, alive: bool) -> None:
@@ -329,8 +341,9 @@ class Cluster(Service):
 
     def heartbeatLine(self) -> bytes:
         leader = str(self.leader).encode() if self.leader is not None else b"-"
-        return b"HB %d %s %s %d" % (self.term, self.role.encode(), leader,
+        line = b"HB %d %s %s %d" % (self.term, self.role.encode(), leader,
                                     self.locks.lastToken())
+        return line + b" " + clocktrust.SUSPECT if self.clockSuspect else line
 
     def broadcastHeartbeat(self) -> None:
         self.links.broadcast(self.heartbeatLine())
@@ -438,17 +451,28 @@ class Cluster(Service):
 
     def _heartbeat(self, j: int, fields: List[bytes]) -> None:
         term, token = int(fields[1]), int(fields[4])
-        if not (self.plausible(j, term, "term") and self.plausible(j, token, "token")):
-            return
         view = self.views[j]
         role = fields[2].decode()
-        view.term = term
         view.role = role if role in election.ROLES else SYNCING
         view.leader = None if fields[3] == b"-" else int(fields[3])
-        self.locks.observeToken(token)
-        self.learnTerm(term)
-        if j == self.leader and self.role == STANDBY and view.role == ACTIVE:
-            self.term = term  # a standby shows the term of the active it follows
+        view.clockSuspect = len(fields) > 5 and fields[5] == clocktrust.SUSPECT
+        now = self.wallMicros()
+        ahead = clocktrust.aheadBy(term, now)
+        what = "term"
+        if ahead is None:
+            ahead, what = clocktrust.aheadBy(token, now), "token"
+        if ahead is not None:
+            # Not adopted; but its role counts: our clock may be the wrong
+            # one (see clocktrust), and then we must not serve beside it.
+            self.plausible(j, term if what == "term" else token, what)  # logs it
+            self._aheadOf[j] = (what, ahead)
+        else:
+            self._aheadOf.pop(j, None)
+            view.term = term
+            self.locks.observeToken(token)
+            self.learnTerm(term)
+            if j == self.leader and self.role == STANDBY and view.role == ACTIVE:
+                self.term = term  # a standby shows the term of the active it follows
         if not view.alive:
             view.alive = True
             self._peerChanged(j, True)
@@ -476,6 +500,9 @@ class Cluster(Service):
         authenticated = [j for j, v in self.views.items() if v.alive]
         mismatched = [j for j, v in self.views.items() if v.secretMismatch]
         may = election.mayPromote(self.me, authenticated, mismatched)
+        self._trustOwnClock(clocktrust.distrustedBy(self._aheadOf, authenticated))
+        if self.clockSuspect is not None:
+            may = False
         action = election.decide(
             self.me, SelfView(self.role, self.term, self.leader, graceOver, may), self.views
         )
@@ -483,6 +510,38 @@ class Cluster(Service):
             self._act(action)
         self.gate()
         self.locks.setActiveAddress(self.activeAddress())
+
+    def _trustOwnClock(self, distrusted: Optional[int]) -> None:
+        """
+        Act on what clocktrust says: while peer C{distrusted} (not None)
+        is alive, our clock is the suspect and we stand by; once it is not
+        (it died, or our clocks agree again) we sync afresh.
+        """
+        if distrusted is None:
+            if self.clockSuspect is not None:
+                self.clockSuspect = None
+                self.log.info("this node's clock agrees with its live peers again")
+                if self._deferred:
+                    self._deferred = False
+                    self.leader = None
+                    self.setRole(SYNCING)
+                self.broadcastHeartbeat()
+            return
+        what, ahead = self._aheadOf[distrusted]
+        if self.clockSuspect is not None:
+            return
+        self.clockSuspect = clocktrust.reason(self.name(distrusted), what, ahead)
+        self.log.error("{why}", why=self.clockSuspect)
+        if self.role == ACTIVE:
+            self.log.warn("stepping down and offering {peer} our {keys} held keys",
+                          peer=self.name(distrusted), keys=self.locks.heldCount())
+            self._offerFrom = (self.me, self.term)
+            self.setRole(STANDBY)
+            self._deferred = True
+        elif self.role == SYNCING:
+            self.setRole(STANDBY)
+            self._deferred = True
+        self.broadcastHeartbeat()
 
     def unsubscribed(self) -> List[int]:
         """
@@ -492,7 +551,7 @@ class Cluster(Service):
         """
         inbound = self.links.inbound
         return [j for j, v in self.views.items()
-                if v.alive and v.role != LEAVING
+                if v.alive and v.role != LEAVING and not v.clockSuspect
                 and not (j in inbound and inbound[j].replicating and v.leader == self.me)]
 
     def gate(self) -> None:
@@ -681,4 +740,6 @@ class Cluster(Service):
             if grants or notes:
                 self.log.info("offered {keys} held keys and {notes} release notes to {peer}",
                               keys=grants, notes=notes, peer=self.name(channel.remote or 0))
-        channel.send(b"SYNC")
+        if self.clockSuspect is None:
+            # (A node that distrusts its clock would refuse the snapshot.)
+            channel.send(b"SYNC")

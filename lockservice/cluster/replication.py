@@ -36,6 +36,7 @@ from twisted.internet.interfaces import IDelayedCall, IPullProducer
 from zope.interface import implementer
 
 from lockservice.cluster import merge as merging
+from lockservice.cluster.clocktrust import PLAUSIBLE_AHEAD
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
 from lockservice.internals import flushToKernel, nothingBuffered
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
 
 SNAPSHOT_CHUNK = 4000
-# How far ahead of our clock a peer's token or term may be (microseconds).
-PLAUSIBLE_AHEAD = 3600 * 10**6
 
 
 def writeNow(channel: PeerChannel, data: bytes) -> None:
