@@ -11,7 +11,7 @@ import signal
 import socket
 import time
 import urllib.request
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -428,3 +428,48 @@ def test_heal_keeps_the_releases_the_successor_answered(cluster, pause) -> None:
             10, what="node0 the only active again")
     held = [key for key in keys if isHeld(node0.port, key)]
     assert held == [], f"{len(held)} of {len(keys)} released keys held again after the heal"
+
+
+def test_rolling_restart_with_the_top_node_two_hours_behind(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 5: a rolling restart (lowest priority first) where node0,
+    the top-priority node, comes back with its clock 2 h behind (libfaketime).
+    It refuses its peers' terms and tokens, so it must distrust its own
+    clock: it never serves beside node1, no node ever redirects a client to
+    it, and /status says why.
+    """
+    from tests.test_server_process import requireFaketime
+
+    library = requireFaketime()
+    c = cluster(3)
+    node0, node1, node2 = c.nodes
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    token = grant(node0.port, b"held", b"60")
+    for node in (node2, node1):
+        assert node.interrupt() in (0, -signal.SIGINT)
+        node.start()
+        waitFor(lambda: probeRole(node.port) == "M " + node0.address, 15,
+                what=f"{node.name} back as a standby")
+    assert node0.interrupt() in (0, -signal.SIGINT)
+    node0.prefix = ["env", "LD_PRELOAD=" + library, "FAKETIME=-2h",
+                    "FAKETIME_DONT_FAKE_MONOTONIC=1"]
+    http = freePort()
+    node0.args = ["--http", f"tcp:{http}:interface=127.0.0.1"]
+    node0.start()
+    seen: List[Tuple[str, str, Optional[str]]] = []
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        for node in c.nodes:
+            seen.append((f"{time.monotonic():.2f}", node.name, probeRole(node.port, timeout=1)))
+        time.sleep(0.1)
+    assert not [s for s in seen if s[1] == "node0" and s[2] == "active"], seen
+    assert not [s for s in seen if s[2] == "M " + node0.address], seen
+    assert onlyActive(c, node1)
+    with urllib.request.urlopen(f"http://127.0.0.1:{http}/status", timeout=5) as answer:
+        report = json.load(answer)
+    assert report["role"] == "standby" and report["active"] == node1.address
+    assert "ahead of this node's clock" in report["clock_suspect"]
+    with open(node0.logPath()) as f:
+        assert f.read().count("this node's clock looks wrong") == 1
+    with LineClient(node1.port) as conn:
+        assert conn.ask(b"R held %d" % token) == b"R held OK"
