@@ -479,6 +479,8 @@ def _openState(config: Options, locks: LockService, cluster: Optional["Cluster"]
     if cluster is not None:
         # Terms after a restart rise above every term recorded, too.
         cluster.learnTerm(state.restored)
+        if kept:
+            cluster.restoredLocks(state.state.term)
     Logger().info("state dir {path}: tokens start above {mark}; {kept} saved held locks "
                   "restored, {ended} ran out while the node was down",
                   path=config["state-dir"], mark=locks.table.tokens.last, kept=kept, ended=ended)
