@@ -50,6 +50,9 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
+from twisted.application.service import Service
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from lockservice.core.table import MAX_TOKEN, TokenExhausted, TokenIssuer
@@ -412,3 +415,64 @@ class NodeState:
         self.log.warn("saved {n} held locks to {file}: they are served again at the next "
                       "start", n=len(saved), file=self.directory.file)
         return len(saved)
+
+
+# A clock this far behind the highest token seen is worth a warning: a
+# restart without --state-dir (or a failover to it) could issue lower tokens.
+BEHIND_WARN = 5 * 1_000_000
+
+
+def clockBehind(tokens: TokenIssuer, wallNow: int) -> Optional[str]:
+    """
+    Why this node's clock looks behind, for /status and the log, or None.
+
+    Tokens never run ahead of the clock on their own (C{max(last + 1,
+    now)}): a C{last} well ahead means the clock stepped back, or a peer's
+    clock is ahead of ours.  With --state-dir (L{DurableTokens}) tokens
+    run ahead by design, and a restart starts above the mark.
+    """
+    if isinstance(tokens, DurableTokens):
+        return None
+    behind = tokens.last - wallNow
+    if behind <= BEHIND_WARN:
+        return None
+    return (f"this node's clock is {behind / 1e6:.0f} s behind the highest token it has "
+            f"issued or learned: without --state-dir a restart of this node (or a failover "
+            f"to it) could issue lower tokens")
+
+
+class ClockWatch(Service):
+    """
+    Logs, once each way, when L{clockBehind} starts and stops warning.
+    """
+
+    log = Logger()
+    interval = 5.0
+
+    def __init__(self, clock: IReactorTime, tokens: Callable[[], TokenIssuer],
+                 wallMicros: Callable[[], int]) -> None:
+        self.clock = clock
+        self.tokens = tokens
+        self.wallMicros = wallMicros
+        self.warning: Optional[str] = None
+        self._loop: Optional[LoopingCall] = None
+
+    def startService(self) -> None:
+        super().startService()
+        self._loop = LoopingCall(self.check)
+        self._loop.clock = self.clock
+        self._loop.start(self.interval, now=False)
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+
+    def check(self) -> None:
+        warning = clockBehind(self.tokens(), self.wallMicros())
+        if (warning is None) != (self.warning is None):
+            if warning is not None:
+                self.log.warn("{why}", why=warning)
+            else:
+                self.log.info("this node's clock is no longer behind its tokens")
+        self.warning = warning

@@ -536,6 +536,10 @@ def makeService(config: Options) -> IService:
     if config["state-dir"]:
         root.locks = locks
         root.nodeState = _openState(config, locks, cluster)
+    else:
+        from lockservice.state import ClockWatch
+
+        ClockWatch(reactor, lambda: locks.table.tokens, wallMicros).setServiceParent(root)  # type: ignore[arg-type]
     listener = StreamServerEndpointService(serverFromString(reactor, config["listen"]), factory)
     # A port that cannot be bound must stop twistd, not leave a deaf node.
     raiseBindErrorsAtStart(listener)

@@ -15,12 +15,14 @@ from lockservice.core.table import TokenIssuer
 from lockservice.server.service import LockService
 from lockservice.state import (
     MARK_LEAD,
+    ClockWatch,
     DurableTokens,
     NodeState,
     SavedLock,
     State,
     StateDir,
     StateError,
+    clockBehind,
     clusterIdentity,
     decode,
     encode,
@@ -254,3 +256,46 @@ def test_a_clock_behind_does_not_lengthen_a_saved_lease(tmp_path) -> None:  # ty
     locks, state = _node(tmp_path, now, Clock())
     state.start(locks)
     assert locks.table.expiresAt(b"k") == pytest.approx(30.0)
+
+
+# -- a clock behind the tokens (without --state-dir) ------------------------------------
+
+def test_clock_behind_warns_only_well_behind_and_never_with_a_mark() -> None:
+    tokens = TokenIssuer(lambda: 0)
+    tokens.observe(100_000_000)
+    assert clockBehind(tokens, 96_000_000) is None
+    warning = clockBehind(tokens, 40_000_000)
+    assert warning is not None and "60 s behind" in warning and "--state-dir" in warning
+    durable = DurableTokens(lambda: 0, 100_000_000, 0, lambda token: None)
+    assert clockBehind(durable, 40_000_000) is None
+
+
+def test_clock_watch_logs_once_each_way() -> None:
+    from twisted.logger import globalLogPublisher
+
+    seen: List[str] = []
+
+    def observer(event: dict) -> None:
+        if event.get("log_namespace", "").startswith("lockservice.state"):
+            seen.append(event.get("why") or event["log_format"])
+
+    clock = Clock()
+    now = [1000 * 1_000_000]
+    tokens = TokenIssuer(lambda: now[0])
+    watch = ClockWatch(clock, lambda: tokens, lambda: now[0])
+    globalLogPublisher.addObserver(observer)
+    try:
+        watch.startService()
+        tokens.observe(now[0] + 600 * 1_000_000)  # a peer ten minutes ahead
+        for _ in range(5):
+            clock.advance(watch.interval)
+        assert len(seen) == 1 and "600 s behind" in seen[0]
+        assert watch.warning == seen[0]
+        now[0] += 700 * 1_000_000
+        for _ in range(5):
+            clock.advance(watch.interval)
+        assert len(seen) == 2 and watch.warning is None
+        watch.stopService()
+        assert not clock.getDelayedCalls()
+    finally:
+        globalLogPublisher.removeObserver(observer)

@@ -192,3 +192,40 @@ def test_a_full_graceful_restart_of_three_nodes_keeps_held_locks(cluster, tmp_pa
     with LineClient(first.port) as conn:
         assert conn.ask(b"R held/0 %d" % tokens[b"held/0"]) == b"R held/0 OK"
     assert grant(first.port, b"fresh") > max(tokens.values())
+
+
+def test_a_standby_with_its_clock_600_s_behind_says_so_without_state_dir(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    Without --state-dir, a node whose clock is ten minutes behind the
+    tokens it learns from its active says so on /status and once in its
+    log (a restart or a failover to it could issue lower tokens).
+    """
+    import json
+    import urllib.request
+
+    library = requireFaketime()
+    ports = freePorts(3)
+    peers = ports[:2]
+    first = Node(peers[0], peers=peers, logDir=str(tmp_path), name="node0")
+    second = Node(peers[1], peers=peers, logDir=str(tmp_path), name="node1",
+                  args=["--http", f"tcp:{ports[2]}:interface=127.0.0.1"])
+    first.start()
+    try:
+        startWith(second, {"LD_PRELOAD": library, "FAKETIME": "-600",
+                           "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+        waitFor(lambda: probeRole(second.port) == "M " + first.address, 15,
+                what="node1 follows node0")
+        grant(first.port, b"k")
+
+        def warning() -> Optional[str]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[2]}/status", timeout=10) as r:
+                return json.loads(r.read())["clock_warning"]  # type: ignore[no-any-return]
+
+        waitFor(lambda: warning() is not None, 15, what="a clock warning on /status")
+        assert "s behind the highest token" in (warning() or "")
+        waitFor(lambda: "behind the highest token" in second.tail(200), 15,
+                what="the warning in node1's log")
+        assert second.tail(400).count("behind the highest token") == 1
+    finally:
+        first.stop()
+        second.stop()
