@@ -299,3 +299,23 @@ def test_clock_watch_logs_once_each_way() -> None:
         assert not clock.getDelayedCalls()
     finally:
         globalLogPublisher.removeObserver(observer)
+
+
+def test_status_shows_one_clock_warning() -> None:
+    """
+    /status has one C{clock_warning}: the cluster's suspicion of its own
+    clock (a peer far ahead) when there is one, else a clock behind the
+    tokens.
+    """
+    import time
+    from types import SimpleNamespace
+
+    from lockservice.server.http import status
+
+    locks = LockService(Clock(), lambda: 0)
+    assert status(locks, None)["clock_warning"] is None
+    locks.observeToken(time.time_ns() // 1000 + 60 * 1_000_000)
+    assert "60 s behind" in status(locks, None)["clock_warning"]
+    cluster = SimpleNamespace(myEntry=b"a:1", peers=[b"a:1"], term=0, views={}, lastHeard={},
+                              activeAddress=lambda: None, clockSuspect="a peer is 2.0 h ahead")
+    assert status(locks, cluster)["clock_warning"] == "a peer is 2.0 h ahead"  # type: ignore[arg-type]

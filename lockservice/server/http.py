@@ -87,8 +87,10 @@ def status(locks: LockService, cluster: Optional[ClusterView],
         "waiters": locks.table.waiterCount,
         "connections": len(locks.connections),
         "highest_token": locks.table.tokens.last,
-        # Why this node's clock looks wrong (lockservice.state.clockBehind), or null.
-        "clock_warning": clockBehind(locks.table.tokens, time.time_ns() // 1000),
+        # Why this node's clock looks wrong, or null: the cluster's own
+        # suspicion (a peer far ahead) first, else lockservice.state's.
+        "clock_warning": (getattr(cluster, "clockSuspect", None)
+                          or clockBehind(locks.table.tokens, time.time_ns() // 1000)),
         "uptime_seconds": round(locks.uptime(), 3),
         "version": lockservice.__version__,
     }
