@@ -6,9 +6,13 @@ What a node keeps on disk with C{--state-dir DIR} (docs/consistency.md,
 Two things survive a restart:
 
   - the token high-water mark: before a node issues (or learns) a token
-    above the last mark it recorded, it records a new one, the token plus
+    above the last mark it recorded, it records a new one, the clock plus
     L{MARK_LEAD} (ten minutes of microseconds), so a disk write happens
-    once per ten minutes of tokens, not per grant.  After a restart
+    once per ten minutes of tokens, not per grant.  (While tokens run
+    ahead of the clock, after a restart, they rise by one per grant: then
+    L{AHEAD_LEAD} above the token is as rare a write, and a node that
+    crashes and restarts in a loop moves its tokens ahead of the clock by
+    about a second per restart, not by ten minutes.)  After a restart
     C{last_token} starts at the mark: tokens keep rising whatever the
     clock says (SPEC section 2's C{max(last_token + 1, now)} with
     C{last_token} restored).  Cluster terms follow the same mark.
@@ -69,6 +73,8 @@ MARK_LEAD = 600 * 1_000_000
 # After a failed write, try again this far (in tokens) later, not at once:
 # a full disk must not cost an fsync per grant.
 RETRY_LEAD = 1_000_000
+# The least a mark lies above the token just issued: a million grants.
+AHEAD_LEAD = 1_000_000
 _SHARES = (b"1", b"r")
 
 
@@ -343,8 +349,11 @@ class NodeState:
         locks.table.tokens = self.tokens
         try:
             # The saved locks leave the file before any is served: a later
-            # crash must not bring back locks released meanwhile.
-            self._writeMark(max(restored, self.wallMicros()))
+            # crash must not bring back locks released meanwhile.  The mark
+            # stays: the first token above it records the next one.
+            self.state.mark = restored
+            self.directory.write(self.state)
+            self.tokens.mark = restored
         except OSError as e:
             raise StateError(f"--state-dir {self.directory.path}: cannot write "
                              f"{self.directory.file}: {e.strerror}") from None
@@ -361,7 +370,7 @@ class NodeState:
         return kept, len(saved) - kept
 
     def _writeMark(self, token: int) -> None:
-        mark = token + MARK_LEAD
+        mark = max(self.wallMicros() + MARK_LEAD, token + AHEAD_LEAD)
         self.state.mark = max(mark, self.state.mark)
         self.state.term = max(self.state.term, self.terms())
         self.directory.write(self.state)

@@ -319,3 +319,22 @@ def test_status_shows_one_clock_warning() -> None:
     cluster = SimpleNamespace(myEntry=b"a:1", peers=[b"a:1"], term=0, views={}, lastHeard={},
                               activeAddress=lambda: None, clockSuspect="a peer is 2.0 h ahead")
     assert status(locks, cluster)["clock_warning"] == "a peer is 2.0 h ahead"  # type: ignore[arg-type]
+
+
+def test_a_crash_loop_moves_tokens_ahead_by_about_a_second_per_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    A node that crashes right after each first grant (systemd restarting
+    it): its tokens must not run ten minutes further ahead of the clock at
+    every restart, or six restarts would put them beyond the hour its
+    peers accept.
+    """
+    now = [1796162733994761]
+    first = None
+    for _ in range(20):
+        locks, state = _node(tmp_path, now, Clock())
+        state.start(locks)
+        token = locks.table.tokens.issue()
+        first = first or token
+        os.close(state.directory._lock)  # type: ignore[arg-type]  (kill -9)
+        now[0] += 1000
+    assert token - now[0] < MARK_LEAD + 21 * 1_000_000
