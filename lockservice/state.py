@@ -398,31 +398,38 @@ class NodeState:
             self.log.info("recording the token mark in {file} works again",
                           file=self.directory.file)
 
-    def saveLocks(self, locks: "LockService") -> int:
+    def stopped(self, locks: "LockService", keepLocks: bool) -> int:
         """
-        Write every held lock (a graceful stop with nobody to hand them
-        to): they are served again at the next start.
+        A graceful stop: record the exact highest token (nothing is issued
+        any more, so the next start need not jump ahead of it) and, with
+        C{keepLocks} (nobody took them over), every held lock, served
+        again at the next start.
 
-        @return: how many were saved (-1: the write failed, logged).
+        @return: how many locks were saved (-1: the write failed, logged).
         """
         now, wall = locks.clock.seconds(), self.wallMicros()
         saved = []
-        for key, token, grantedAt, expiresAt in locks.table.grants():
-            if expiresAt > now:
-                saved.append(SavedLock(key, token, wall + int((expiresAt - now) * 1e6),
-                                       wall - int((now - grantedAt) * 1e6)))
+        if keepLocks:
+            for key, token, grantedAt, expiresAt in locks.table.grants():
+                if expiresAt > now:
+                    saved.append(SavedLock(key, token, wall + int((expiresAt - now) * 1e6),
+                                           wall - int((now - grantedAt) * 1e6)))
+            self.state.saved = wall
         self.state.locks = saved
-        self.state.saved = wall
-        self.state.mark = max(self.state.mark, locks.table.tokens.last)
         self.state.term = max(self.state.term, self.terms())
+        self.state.mark = max(locks.table.tokens.last, self.terms())
         try:
             self.directory.write(self.state)
         except OSError as e:
             self.log.error("could not save the {n} held locks to {file}: {why}",
                            n=len(saved), file=self.directory.file, why=e.strerror)
             return -1
-        self.log.warn("saved {n} held locks to {file}: they are served again at the next "
-                      "start", n=len(saved), file=self.directory.file)
+        if self.tokens is not None:
+            # A token learned from now on records a mark again.
+            self.tokens.mark = self.state.mark
+        if keepLocks:
+            self.log.warn("saved {n} held locks to {file}: they are served again at the "
+                          "next start", n=len(saved), file=self.directory.file)
         return len(saved)
 
 

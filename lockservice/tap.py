@@ -303,10 +303,10 @@ class NodeService(MultiService):
             wasActive = cluster is None or cluster.role == ACTIVE
             if cluster is not None:
                 await cluster.gracefulStop()
-            if (self.nodeState is not None and self.locks is not None and wasActive
-                    and (cluster is None or cluster.leader is None)):
+            if self.nodeState is not None and self.locks is not None:
                 # Nobody took our locks over: keep them for the next start.
-                self.nodeState.saveLocks(self.locks)
+                self.nodeState.stopped(self.locks, keepLocks=wasActive and (
+                    cluster is None or cluster.leader is None))
             await super(NodeService, self).stopService()
 
         return Deferred.fromCoroutine(stop())

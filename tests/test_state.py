@@ -231,7 +231,7 @@ def test_saved_locks_keep_their_wall_clock_deadline(tmp_path) -> None:  # type: 
     state.start(locks)
     locks.installHolder(b"long", 11, 30.0)
     locks.installHolder(b"short", 12, 5.0)
-    assert state.saveLocks(locks) == 2
+    assert state.stopped(locks, keepLocks=True) == 2
     os.close(state.directory._lock)  # type: ignore[arg-type]
     now[0] += 10 * 1_000_000  # down for ten seconds
     clock = Clock()
@@ -250,7 +250,7 @@ def test_a_clock_behind_does_not_lengthen_a_saved_lease(tmp_path) -> None:  # ty
     locks, state = _node(tmp_path, now, Clock())
     state.start(locks)
     locks.installHolder(b"k", 11, 30.0)
-    state.saveLocks(locks)
+    state.stopped(locks, keepLocks=True)
     os.close(state.directory._lock)  # type: ignore[arg-type]
     now[0] -= 600 * 1_000_000
     locks, state = _node(tmp_path, now, Clock())
@@ -338,3 +338,16 @@ def test_a_crash_loop_moves_tokens_ahead_by_about_a_second_per_restart(tmp_path)
         os.close(state.directory._lock)  # type: ignore[arg-type]  (kill -9)
         now[0] += 1000
     assert token - now[0] < MARK_LEAD + 21 * 1_000_000
+
+
+def test_a_graceful_stop_records_the_exact_highest_token(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    now = [1796162733994761]
+    locks, state = _node(tmp_path, now, Clock())
+    state.start(locks)
+    before = locks.table.tokens.issue()
+    assert state.stopped(locks, keepLocks=False) == 0
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    locks, state = _node(tmp_path, now, Clock())
+    state.start(locks)
+    assert locks.table.tokens.last == before  # not ten minutes ahead
+    assert locks.table.tokens.issue() > before
