@@ -229,3 +229,42 @@ def test_a_standby_with_its_clock_600_s_behind_says_so_without_state_dir(tmp_pat
     finally:
         first.stop()
         second.stop()
+
+
+def test_saved_locks_meeting_a_live_active_are_merged_not_served_beside(cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    node0 stops last and saves its locks; node1 starts alone first and
+    serves (a new grant); then node0 starts with its saved locks: it never
+    serves beside node1 (both polled), offers them, and once it has taken
+    over (by handoff: it is first in --peers) holds both sides' locks.
+    """
+    c = cluster(2, start=False)
+    for i, node in enumerate(c.nodes):
+        node.args += ["--state-dir", str(tmp_path / f"node{i}-state")]
+    c.start()
+    first, second = c.nodes
+    waitFor(lambda: [n.port for n in activeNodes(c.nodes)] == [first.port], 10,
+            what="node0 active")
+    saved = grant(first.port, b"saved")
+    terminate(second)
+    terminate(first)
+    second.start()
+    waitFor(lambda: [n.port for n in activeNodes(c.nodes)] == [second.port], 15,
+            what="node1 active alone")
+    fresh = grant(second.port, b"fresh")
+    first.start(wait=False)
+    import time
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        actives = activeNodes(c.nodes)
+        assert len(actives) <= 1, "two actives at once"
+        if [n.port for n in actives] == [first.port] and probeRole(second.port) == (
+                "M " + first.address):
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("node0 did not take over:\n" + first.tail())
+    assert heldBy(first.port, b"saved", saved)
+    assert heldBy(first.port, b"fresh", fresh)
+    assert grant(first.port, b"next") > max(saved, fresh)
