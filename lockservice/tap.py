@@ -304,7 +304,8 @@ class NodeService(MultiService):
             if cluster is not None:
                 await cluster.gracefulStop()
             if self.nodeState is not None and self.locks is not None:
-                # Nobody took our locks over: keep them for the next start.
+                # The exact highest token; and the held locks, when nobody
+                # took them over, for the next start.
                 self.nodeState.stopped(self.locks, keepLocks=wasActive and (
                     cluster is None or cluster.leader is None))
             await super(NodeService, self).stopService()
