@@ -61,9 +61,7 @@ def status(locks: LockService, cluster: Optional[ClusterView],
     node: Optional[str] = None  # a single node has no --peers entry
     active: Optional[str] = None
     term = 0
-    clockSuspect: Optional[str] = None
     if cluster is not None:
-        clockSuspect = cluster.clockSuspect
         node = cluster.myEntry.decode()
         address = cluster.activeAddress()
         active = address.decode() if address is not None else None
@@ -85,7 +83,6 @@ def status(locks: LockService, cluster: Optional[ClusterView],
         "term": term,
         "active": active,
         "peers": peers,
-        "clock_suspect": clockSuspect,
         "held_keys": len(locks.table),
         "waiters": locks.table.waiterCount,
         "connections": len(locks.connections),
