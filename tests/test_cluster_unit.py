@@ -42,14 +42,19 @@ class Transport(StringTransport):
 
 
 class Lab:
-    def __init__(self, me: int = 0, **options: float) -> None:
+    def __init__(self, me: int = 0, replication: str = "sent", **options: float) -> None:
+        """
+        @param replication: C{"sent"} by default: these links never
+            acknowledge unless a test makes them.
+        """
         self.clock = Clock()
         self.clock.advance(1000)
         self.wall = NOW_US
         self.log: List[Tuple[str, bytes]] = []
         self.locks = LockService(self.clock, lambda: self.wall)
         self.cluster = Cluster(None, self.locks, PEERS, PEERS[me], b"s3cret",
-                               wallMicros=lambda: self.wall, **options)  # type: ignore[arg-type]
+                               wallMicros=lambda: self.wall, replication=replication,
+                               **options)  # type: ignore[arg-type]
 
     def link(self, j: int, outbound: bool) -> PeerChannel:
         """
@@ -302,6 +307,75 @@ def test_a_run_of_changes_applies_in_order_and_skips_bad_lines() -> None:
              b"G a 11 5000000 0", b"D a 11", b"G a 12 5000000 0", b"D zz",
              b"G b 13 5000000 0", b"D b 99", b"G c 14 5000000 0", b"D c 14")
     assert sorted((k, h.token) for k, h in lab.locks.heldKeys()) == [(b"a", 12), (b"b", 13)]
+
+
+# -- acknowledged replication (--replication ack) ------------------------------
+
+
+def test_with_ack_answers_wait_until_the_standby_acknowledged_them() -> None:
+    """
+    Issue 24 item 3: each flush ends with its stream position; a client's
+    answer goes out only once every synchronised standby acknowledged that
+    position, in order.
+    """
+    lab = Lab(replication="ack")
+    follower = activeWithFollower(lab)
+    lab.client()
+    lab.protocol.dataReceived(b"A k 30 0\n")
+    lab.clock.advance(0)
+    stream = lines(follower)
+    assert [line.split()[0] for line in stream] == [b"G", b"S"]
+    position = int(stream[-1].split()[1])
+    lab.clock.advance(0.01)
+    assert lab.protocol.transport.value() == b""  # type: ignore[union-attr]
+    lab.protocol.dataReceived(b"P later\n")  # answers stay in order
+    lab.clock.advance(0.01)
+    assert lab.protocol.transport.value() == b""  # type: ignore[union-attr]
+    lab.hear(follower, b"ACK %d" % (position - 1))
+    lab.clock.advance(0.01)
+    assert lab.protocol.transport.value() == b""  # type: ignore[union-attr]
+    lab.hear(follower, b"ACK %d" % position)
+    lab.clock.advance(0.01)
+    answers = lab.protocol.transport.value().split(b"\n")  # type: ignore[union-attr]
+    assert answers[0].startswith(b"A k ") and answers[1] == b"P later"
+
+
+def test_with_ack_a_standby_that_does_not_acknowledge_is_cut_off() -> None:
+    lab = Lab(replication="ack")
+    follower = activeWithFollower(lab)
+    lab.client()
+    lab.protocol.dataReceived(b"A k 30 0\n")
+    lab.clock.advance(0)
+    for _ in range(110):
+        lab.clock.advance(0.01)
+    assert follower.lagging and follower.closing
+    assert lab.protocol.transport.value().startswith(b"A k ")  # type: ignore[union-attr]
+
+
+def test_a_standby_acknowledges_each_read_on_receipt_and_reads_unpaced() -> None:
+    """
+    One ACK per read, for the last position in it, written before the
+    read's changes are applied; and no read pacing, which would delay it.
+    """
+    lab = Lab(me=1, replication="ack")
+    leader = following(lab)
+    assert not leader.paced
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND")
+    lines(leader)
+    acked: List[bytes] = []
+    applied = lab.cluster.stream.applyChanges
+
+    def applyChanges(j, channel, changes):  # type: ignore[no-untyped-def]
+        acked.append(lab.log[-1][1])  # what was written before applying
+        applied(j, channel, changes)
+
+    lab.cluster.stream.applyChanges = applyChanges  # type: ignore[method-assign]
+    lab.hear(leader, b"G a 11 5000000 0", b"S 7", b"G b 12 5000000 0", b"S 8")
+    assert lines(leader) == [b"ACK 8"]
+    assert acked[0] == b"ACK 8\n"
+    assert sorted(k for k, _ in lab.locks.heldKeys()) == [b"a", b"b"]
+    lab.hear(leader, b"HB %d active - 12" % NOW_US)
+    assert lines(leader) == []  # nothing to acknowledge in that read
 
 
 # -- merge on heal -------------------------------------------------------------

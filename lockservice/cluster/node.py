@@ -41,7 +41,7 @@ from lockservice.cluster.handoff import Handoffs
 from lockservice.cluster.links import Links
 from lockservice.cluster.peer import HandshakeLimit, PeerChannel, acceptChannel
 from lockservice.cluster.released import Releases
-from lockservice.cluster.replication import Stream
+from lockservice.cluster.replication import ACK, Stream, writeNow
 from lockservice.core import election
 from lockservice.core.election import (
     ACTIVE,
@@ -87,7 +87,13 @@ class Cluster(Service):
         peerTimeout: float = 1.0,
         wallMicros: Callable[[], int] = systemWallMicros,
         endpointFor: Optional[Callable[[int], Any]] = None,
+        replication: str = ACK,
     ) -> None:
+        """
+        @param replication: what client answers wait for: C{"ack"} (every
+            synchronised standby acknowledged receiving the changes) or
+            C{"sent"} (they left this host's socket buffers).
+        """
         self.reactor = reactor
         self.clock = locks.clock
         self.locks = locks
@@ -112,7 +118,7 @@ class Cluster(Service):
         self.links = Links(self.clock, self, self, sorted(self.views), peerTimeout,
                            endpointFor or self._endpointFor, self.peers)
         self.lastHeard = self.links.lastHeard
-        self.stream = Stream(self)
+        self.stream = Stream(self, replication)
         # Releases a lost follower may not know of (see released.py).
         self.releases = Releases(recentFor=2 * peerTimeout + 1.0)
         self.handshakes = HandshakeLimit(self.clock)
@@ -159,7 +165,7 @@ class Cluster(Service):
         # (see releaseMerged).
         self._releaseWhenServing: List[Tuple[bytes, int]] = []
         locks.observers.append(self.stream)
-        locks.beforeAnswerHooks.append(self.stream.flush)
+        locks.answers.gate = self.stream
         locks.beforeTurnHooks.append(self._notJustResumed)
         locks.setRole(SYNCING, None)
 
@@ -375,6 +381,8 @@ class Cluster(Service):
         self.links.channelUp(channel)
 
     def linkUp(self, channel: PeerChannel) -> None:
+        # Acknowledged replication: a paced read would delay the ACK.
+        channel.paced = not self.stream.acknowledged
         channel.send(self.heartbeatLine())
         j = channel.remote
         if channel.outbound and self.leader == j and self.role in (STANDBY, SYNCING):
@@ -416,6 +424,8 @@ class Cluster(Service):
         assert j is not None
         self.links.heard(j)
         transport: Any = channel.transport
+        if self.stream.acknowledged and channel.outbound:
+            self._acknowledge(channel, lines)
         i, count = 0, len(lines)
         while i < count:
             if channel.closing or transport.disconnecting:
@@ -436,6 +446,20 @@ class Cluster(Service):
                 continue
             self.peerMessage(channel, lines[i].rstrip(b"\r").split(b" "))
             i += 1
+
+    def _acknowledge(self, channel: PeerChannel, lines: List[bytes]) -> None:
+        """
+        On receipt, before applying them: acknowledge the last stream
+        position in this read (one C{ACK} per read, however many
+        positions it holds).  Positions end each flush, so it is mostly
+        the last line.
+        """
+        for index in range(len(lines) - 1, -1, -1):
+            line = lines[index]
+            if line[:2] == b"S ":
+                if self.fromLeader(channel.remote or 0, channel):
+                    writeNow(channel, b"ACK " + line[2:].rstrip(b"\r") + b"\n")
+                return
 
     def peerMessage(self, channel: PeerChannel, fields: List[bytes]) -> None:
         j = channel.remote

@@ -15,11 +15,20 @@ Lines on a peer channel:
     SYNCED                                  follower -> leader: it applied the snapshot
     G <key> <token> <remaining_us> <age_us> a grant or a renewal (live stream)
     D <key> <token>                         a release or an expiry (live stream)
+    S <position>                            --replication ack: the stream up to here
+                                            is <position> (one line per flush)
+    ACK <position>                          follower -> leader, on receipt, once per
+                                            read: it has received up to <position>
 
 The live stream is written to the standbys' sockets before any client
-answer (L{Stream.flush} runs as the lock service's "before answers" hook):
-every change of one reactor turn goes to each standby in one write, so a
-kill -9 of the active never loses a change that a client was told about.
+answer (L{Stream} is the lock service's answer gate, see
+L{lockservice.server.turn}): every change of one reactor turn goes to each
+standby in one write, and answers wait until every synchronised standby
+has it -- with C{--replication sent}, until it has left this host's
+socket buffers; with C{--replication ack} (the default), until the
+standby acknowledged receiving it.  So a kill -9 of the active never loses
+a change that a client was told about, and with C{ack} neither do packets
+dropped on the way nor a crash of the active's whole host.
 
 A snapshot is streamed in chunks by a pull producer: the transport asks
 for the next chunk when it has sent the previous one, so heartbeats keep
@@ -113,13 +122,26 @@ class SnapshotProducer:
         self.stopped = True
 
 
+# The replication modes (--replication).
+ACK = "ack"
+SENT = "sent"
+MODES = (ACK, SENT)
+
+
 class Stream:
     """
-    Both ends of the replication stream, for one node.
+    Both ends of the replication stream, for one node, and the gate client
+    answers wait at (L{lockservice.server.turn.Gate}): a position is one
+    flush of the stream.
+
+    @ivar position: the last position flushed.
     """
 
-    def __init__(self, cluster: "Cluster") -> None:
+    def __init__(self, cluster: "Cluster", mode: str = ACK) -> None:
         self.cluster = cluster
+        self.acknowledged = mode == ACK
+        self.position = 0
+        self._reached = 0
         self.pending: List[bytes] = []
         self._flushLater: Optional[IDelayedCall] = None
         # Whether a follower's link still holds unsent bytes (a seam for tests).
@@ -169,11 +191,42 @@ class Stream:
             self._flushLater = None
         followers = self._followers()
         if self.pending:
+            self.position += 1
+            if self.acknowledged:
+                self.pending.append(b"S %d\n" % self.position)
             data = b"".join(self.pending)
             self.pending = []
             for channel in followers:
                 writeNow(channel, data)
         return self.caughtUp(followers)
+
+    # -- the answer gate (lockservice.server.turn.Gate) ---------------------
+
+    def needed(self) -> bool:
+        return True
+
+    def publish(self) -> int:
+        if self.flush():
+            self._reached = self.position
+        return self.position
+
+    def reached(self) -> int:
+        if self._reached < self.position:
+            followers = self._followers()
+            if self.caughtUp(followers):
+                self._reached = self.position
+            elif self.acknowledged:
+                self._reached = max(self._reached, min(
+                    (c.acked for c in followers if c.synced and not c.lagging),
+                    default=self.position))
+        return self._reached
+
+    def acknowledge(self, channel: PeerChannel, position: int) -> None:
+        """
+        Follower C{channel} has received the stream up to C{position}.
+        """
+        if position > channel.acked:
+            channel.acked = min(position, self.position)
 
     def caughtUp(self, followers: List[PeerChannel]) -> bool:
         """
@@ -191,10 +244,11 @@ class Stream:
         """
         ready = True
         now = -1.0
+        acknowledged, position = self.acknowledged, self.position
         for channel in followers:
-            if not channel.synced:
+            if not channel.synced or channel.lagging:
                 continue
-            if not self.leftUnsent(channel):
+            if not (channel.acked < position if acknowledged else self.leftUnsent(channel)):
                 channel.behindSince = None
                 continue
             if now < 0:
@@ -203,9 +257,10 @@ class Stream:
                 channel.behindSince = now
             elif now - channel.behindSince >= self.cluster.peerTimeout:
                 self.cluster.log.warn(
-                    "{peer} took no replication for {seconds:.1f} s: link closed, "
+                    "{peer} {what} no replication for {seconds:.1f} s: link closed, "
                     "it syncs again when it reads",
                     peer=self.cluster.name(channel.remote) if channel.remote is not None else "?",
+                    what="acknowledged" if acknowledged else "took",
                     seconds=now - channel.behindSince)
                 channel.lagging = True
                 channel.close(abort=True)
@@ -226,6 +281,7 @@ class Stream:
         locks = self.cluster.locks
         channel.synced = False
         channel.applied = False
+        channel.acked = self.position  # what came before is in the snapshot
         channel.send(b"SNAP %d %d" % (self.cluster.term, locks.lastToken()))
         channel.replicating = True
         producer = SnapshotProducer(self, channel, locks.table.keys())
@@ -296,6 +352,11 @@ class Stream:
             if cluster.fromLeader(j, channel):
                 cluster.synchronised(j)
                 channel.send(b"SYNCED")
+        elif kind == b"S":
+            pass  # acknowledged on receipt (see Cluster.peerLines)
+        elif kind == b"ACK":
+            if not channel.outbound:
+                self.acknowledge(channel, int(fields[1]))
         elif kind == b"SYNCED":
             if not channel.outbound:
                 # Its old copy of the grants is gone (see released.py).

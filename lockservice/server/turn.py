@@ -97,7 +97,7 @@ class AnswerTurn:
         this process has not just been frozen).
     """
 
-    def __init__(self, clock: Any, gate: HookGate, failed: Callable[[str], None]) -> None:
+    def __init__(self, clock: Any, gate: Gate, failed: Callable[[str], None]) -> None:
         self.clock = clock
         self.gate = gate
         self._failed = failed
