@@ -221,10 +221,21 @@ def _droppedLinkAndKill(lab: netns.Lab, logDir: str, run: int, mode: str) -> Lis
             lab.heal()
         assert answered, "nothing was answered"
         waitFor(lambda: role(node1) == "active", 15, what="node1 promoted")
-        with LineClient(node1.port, host=node1.host) as conn:
-            conn.send(b"".join(b"R %s %s\n" % item for item in answered.items()))
-            answers = [conn.readline(timeout=10) for _ in answered]
-        missing = [a for a in answers if not a.endswith(b" OK")]
+        # Still held: an acquire that hardly waits is refused (a lost one
+        # would be granted; releases with tokens would pile up STALE answers).
+        # Keys answered "M A key *" (not serving yet) are asked again.
+        keys, missing = list(answered), []
+        deadline = time.monotonic() + 10
+        while keys:
+            with LineClient(node1.port, host=node1.host) as conn:
+                conn.send(b"".join(b"A %s 60 0.01\n" % key for key in keys))
+                answers = [conn.readline(timeout=10) for _ in keys]
+            keys = [a.split()[2] for a in answers if a.startswith(b"M ") and a.endswith(b" *")]
+            missing += [a for a in answers if not a.startswith((b"T ", b"M "))]
+            if keys and time.monotonic() > deadline:
+                missing += [b"not served: " + key for key in keys]
+                break
+            time.sleep(0.05 if keys else 0)
         print(f"run {run} ({mode}): {len(answered)} answered, {len(missing)} lost")
         if missing:
             return [f"run {run}: {len(missing)} of {len(answered)} lost, e.g. {missing[:3]}"]
