@@ -227,6 +227,7 @@ class Stream:
         """
         if position > channel.acked:
             channel.acked = min(position, self.position)
+            self.cluster.locks.answers.reachedMoved()
 
     def caughtUp(self, followers: List[PeerChannel]) -> bool:
         """

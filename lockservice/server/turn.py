@@ -182,6 +182,17 @@ class AnswerTurn:
         self._held.append((self._position, conn))
         self._retrySoon()
 
+    def reachedMoved(self) -> None:
+        """
+        The gate's reached position moved on (a standby acknowledged):
+        send what may go now rather than at the next retry.
+        """
+        if self._held and self._held[0][0] <= self.gate.reached():
+            if self._retry is not None and self._retry.active():
+                self._retry.cancel()
+            self._retry = None
+            self._release()
+
     def _retrySoon(self) -> None:
         if self._retry is None:
             self._retry = self.clock.callLater(HOLD_RETRY, self._release)
