@@ -30,7 +30,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
 
 EX_OK = 0
 EX_STALE = 1  # release answered STALE; release --force: the key was not held
@@ -337,61 +340,56 @@ async def releaseCommand(reactor: Any, args: argparse.Namespace) -> int:
 async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
     """
     Hold the lock while CMD runs, renewing it every third of the lease;
-    release when CMD ends (Ctrl+C and SIGTERM are passed on to CMD) and exit
-    with CMD's status.  If the lock is lost meanwhile, CMD gets SIGTERM,
-    then SIGKILL after C{--grace} seconds, one line says why, and the exit
-    status is L{EX_LOST}.
+    release when CMD ends (Ctrl+C and SIGTERM are passed on to CMD's
+    process group) and exit with CMD's status.  If the lock is lost
+    meanwhile, CMD's process group gets SIGTERM, then SIGKILL after
+    C{--grace} seconds, one line says why, and the exit status is
+    L{EX_LOST}.  Either way nothing left in CMD's group outlives C{run}.
     """
-    from twisted.internet.defer import Deferred
-    from twisted.internet.protocol import ProcessProtocol
-
     command: List[str] = args.command
     client = await _connected(reactor, args)
+    group: Optional[CommandGroup] = None
+    previous: Dict[int, Any] = {}
     try:
         lock = await _acquire(client, args.key, args.lease, args.wait, keepAlive=True)
-        ended: "Deferred[int]" = Deferred()
-
-        class Child(ProcessProtocol):
-            def processEnded(self, reason: Any) -> None:
-                code = reason.value.exitCode
-                sig = reason.value.signal
-                ended.callback(code if code is not None else 128 + (sig or 0))
-
-        env = dict(os.environ, LOCKSERVICE_KEY=args.key, LOCKSERVICE_TOKEN=str(lock.token))
-        try:
-            process = reactor.spawnProcess(
-                Child(), command[0], command, env=env, childFDs={0: 0, 1: 1, 2: 2},
-                usePTY=False,
-            )
-        except OSError as e:
-            await client.release(lock)
-            raise CommandError(f"cannot run {command[0]}: {e}", 127) from None
-
-        state: Dict[str, Any] = {"lost": None, "kill": None}
-
-        def lost(why: Any) -> None:
-            if ended.called:
-                return
-            state["lost"] = why
-            print(f"lockservice: {why}; stopping {command[0]} "
-                  f"(SIGTERM, SIGKILL after {args.grace:g} s)", file=sys.stderr, flush=True)
-            _signalChild(process, "TERM")
-            state["kill"] = reactor.callLater(args.grace, _signalChild, process, "KILL")
-
-        lock.lost.addCallback(lost)
+        state: Dict[str, Any] = {"lost": None, "pending": None}
 
         def passOn(signum: int, frame: Any) -> None:
-            name = {int(signal.SIGINT): "INT", int(signal.SIGTERM): "TERM"}[signum]
-            reactor.callFromThread(_signalChild, process, name)
+            if group is None:
+                state["pending"] = signum  # CMD is being started: it gets it next
+            else:
+                reactor.callFromThread(group.signal, signum)
 
+        # Handlers first: CMD then starts with SIGINT/SIGTERM at their
+        # defaults even where run inherited them ignored (exec resets
+        # handled signals, not ignored ones).
         previous = {s: signal.signal(s, passOn) for s in (signal.SIGINT, signal.SIGTERM)}
+        env = dict(os.environ, LOCKSERVICE_KEY=args.key, LOCKSERVICE_TOKEN=str(lock.token))
         try:
-            status = await ended
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            if state["kill"] is not None and state["kill"].active():
-                state["kill"].cancel()
+            group = CommandGroup(reactor, command, env)
+        except OSError as e:
+            await client.release(lock)
+            raise CommandError(f"cannot run {command[0]}: {e.strerror or e}", 127) from None
+        if state["pending"] is not None:
+            group.signal(state["pending"])
+
+        def lost(why: Any) -> None:
+            if group is None or group.ended.called:
+                return
+            state["lost"] = why
+            print(f"lockservice: {why}; stopping {command[0]} and its process group "
+                  f"(SIGTERM, SIGKILL after {args.grace:g} s)", file=sys.stderr, flush=True)
+            group.stop(args.grace)
+
+        lock.lost.addCallback(lost)
+        status = await group.ended
+        if state["lost"] is None and group.alive():
+            # CMD is done but left processes in its group: they must not
+            # go on working once the key is released.
+            print(f"lockservice: {command[0]} ended (status {status}) but left processes in its "
+                  f"group; stopping them (SIGTERM, SIGKILL after {args.grace:g} s)",
+                  file=sys.stderr, flush=True)
+        await group.stop(args.grace)
         if state["lost"] is not None:
             return EX_LOST
         try:
@@ -401,14 +399,157 @@ async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
                   file=sys.stderr)
         return status
     finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if group is not None:
+            group.abandon()
         await client.close()
 
 
-def _signalChild(process: Any, name: str) -> None:
-    try:
-        process.signalProcess(name)
-    except Exception:
-        pass  # already gone
+class CommandGroup:
+    """
+    CMD in a process group of its own, so that C{run} can signal
+    everything CMD started (a shell's children included), not only CMD.
+
+    When C{run} owns the terminal (its stdin is a terminal and its group is
+    the foreground one), CMD's group is made the foreground group while it
+    runs, so CMD can read the terminal and gets Ctrl+C from it directly.
+    """
+
+    #: How often L{stop} looks whether the group has emptied.
+    POLL = 0.05
+    #: How long L{stop} waits for the group to empty after SIGKILL.
+    AFTER_KILL = 5.0
+
+    def __init__(self, reactor: Any, command: List[str], env: Dict[str, str]) -> None:
+        import subprocess
+
+        from twisted.internet.defer import Deferred
+        from twisted.internet.threads import deferToThreadPool
+
+        self.reactor = reactor
+        self.command = command
+        # process_group (3.11) sets the group between fork and exec, so no
+        # signal can reach CMD before it is in its own group.
+        spawnOptions: Dict[str, Any] = (
+            {"process_group": 0} if sys.version_info >= (3, 11)
+            else {"preexec_fn": os.setpgrp})
+        self.process = subprocess.Popen(command, env=env, **spawnOptions)
+        self.pgid = self.process.pid
+        self._terminal = self._takeTerminal()
+        self.ended: "Deferred[int]" = Deferred()
+        # Popen.wait in a thread: the reactor reaps only the processes it
+        # spawned, so it never takes CMD's exit status from us.
+        waiting = deferToThreadPool(reactor, reactor.getThreadPool(), self.process.wait)
+        waiting.addCallback(self._exited)
+        self._stopping: "Optional[Deferred[None]]" = None
+
+    def _exited(self, code: int) -> None:
+        self._giveTerminalBack()
+        self.ended.callback(code if code >= 0 else 128 - code)
+
+    def _takeTerminal(self) -> Optional[int]:
+        try:
+            if not os.isatty(0) or os.tcgetpgrp(0) != os.getpgrp():
+                return None
+            os.tcsetpgrp(0, self.pgid)
+        except OSError:
+            return None
+        # CMD may have touched the terminal before it was its group's
+        # (stopped by SIGTTIN/SIGTTOU): let it go on.
+        self.signal(signal.SIGCONT)
+        return os.getpgrp()
+
+    def _giveTerminalBack(self) -> None:
+        if self._terminal is None:
+            return
+        # We are a background group until this call: without ignoring
+        # SIGTTOU, tcsetpgrp would stop us.
+        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            os.tcsetpgrp(0, self._terminal)
+        except OSError:
+            pass
+        finally:
+            signal.signal(signal.SIGTTOU, old)
+            self._terminal = None
+
+    def signal(self, signum: int) -> None:
+        """
+        Send C{signum} to every process of CMD's group.
+        """
+        try:
+            os.killpg(self.pgid, signum)
+        except OSError:
+            pass  # the group is gone
+
+    def alive(self) -> bool:
+        """
+        Whether a process of CMD's group (other than a zombie) still runs.
+        """
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        if not os.path.isdir("/proc"):
+            return True
+        # Zombies answer kill(0) too: an orphan that a container's PID 1
+        # never reaps must not count as working.
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 2 and int(fields[2]) == self.pgid and fields[0] != "Z":
+                return True
+        return False
+
+    def stop(self, grace: float) -> "Deferred[None]":
+        """
+        SIGTERM the group (if anything is left of it), SIGKILL after
+        C{grace} seconds; fires once CMD has ended and the group is empty
+        (or C{AFTER_KILL} seconds after the SIGKILL).
+        """
+        from twisted.internet.defer import Deferred
+
+        if self._stopping is not None:
+            return self._stopping
+        self._stopping = Deferred()
+        started = self.reactor.seconds()
+        state = {"killed": False}
+
+        def check() -> None:
+            assert self._stopping is not None
+            now = self.reactor.seconds()
+            if self.ended.called and not self.alive():
+                self._stopping.callback(None)
+                return
+            if not state["killed"] and now - started >= grace:
+                state["killed"] = True
+                self.signal(signal.SIGKILL)
+            elif state["killed"] and now - started >= grace + self.AFTER_KILL:
+                self._stopping.callback(None)
+                return
+            self.reactor.callLater(self.POLL, check)
+
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            self.signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+        check()
+        return self._stopping
+
+    def abandon(self) -> None:
+        """
+        C{run} is leaving on an unexpected path: leave nothing running.
+        """
+        if not self.ended.called or self.alive():
+            self.signal(signal.SIGKILL)
+        self._giveTerminalBack()
 
 
 async def shellCommand(reactor: Any, args: argparse.Namespace) -> int:

@@ -443,3 +443,76 @@ def test_cli_spreads_keys_over_clusters(spawn) -> None:  # type: ignore[no-untyp
             assert c.ask(f"A {key} 30 0.1".encode()) == f"T {key}".encode()
         with LineClient(other.port) as c:
             assert c.ask(f"A {key} 30 0.1".encode()).startswith(f"A {key} ".encode())
+
+
+def _processesRunning(argv: list) -> list:
+    """
+    Pids of live (not zombie) processes whose command line is exactly C{argv}.
+    """
+    import os
+
+    wanted = "\0".join(argv) + "\0"
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if cmdline == wanted and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def test_run_stops_the_commands_grandchildren_when_the_lock_is_lost(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 6: the docs' own C{sh -c '...; sleep 60'} must leave no
+    C{sleep} working without the lock after exit 74 (the shell forks it,
+    so signalling only the direct child orphans it).
+    """
+    import os
+
+    node = spawn()
+    sleeper = ["sleep", f"60.{os.getpid()}"]  # a command line no one else runs
+    tokenFile = tmp_path / "token"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lockservice.cli", "run", "run/group", "--lease", "3",
+         "--grace", "2", "--addr", node.address, "--", "sh", "-c",
+         f"echo $LOCKSERVICE_TOKEN > {tokenFile}; {' '.join(sleeper)}"],
+        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        waitFor(lambda: tokenFile.exists() and tokenFile.read_text().strip()
+                and _processesRunning(sleeper), 30, what="the grandchild runs")
+        with LineClient(node.port) as c:
+            token = tokenFile.read_text().strip().encode()
+            assert c.ask(b"R run/group " + token) == b"R run/group OK"
+        assert proc.wait(30) == 74, proc.stderr.read()  # type: ignore[union-attr]
+        # Gone by the time run exits: nothing of CMD works on without the lock.
+        assert _processesRunning(sleeper) == []
+    finally:
+        proc.kill()
+        for pid in _processesRunning(sleeper):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_run_stops_what_the_command_left_behind_before_releasing(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    A command that ends but leaves a background process in its group: run
+    stops that process (SIGTERM to the group) before it releases the key.
+    """
+    import os
+
+    node = spawn()
+    sleeper = ["sleep", f"61.{os.getpid()}"]
+    got = cli("run", "run/leftover", "--grace", "2", "--addr", node.address, "--",
+              "sh", "-c", f"{' '.join(sleeper)} >/dev/null 2>&1 & exit 3")
+    try:
+        assert got.returncode == 3, got.stderr
+        assert _processesRunning(sleeper) == []
+    finally:
+        for pid in _processesRunning(sleeper):
+            os.kill(pid, signal.SIGKILL)
