@@ -516,3 +516,53 @@ def test_run_stops_what_the_command_left_behind_before_releasing(spawn, tmp_path
     finally:
         for pid in _processesRunning(sleeper):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_run_at_a_terminal_lets_the_command_read_it(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    At a terminal, CMD's own group is made the foreground one while it runs:
+    a background group reading the terminal would be stopped (SIGTTIN) and
+    hold the key forever.  Afterwards the terminal is run's again.
+    """
+    import os
+    import pty
+    import select
+    import time
+
+    node = spawn()
+    script = ("import sys; line = input('your name? '); print('hello', line);"
+              "sys.exit(5)")
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", "lockservice.cli", "run",
+                                       "tty/k", "--addr", node.address, "--",
+                                       sys.executable, "-c", script], twistdEnvironment())
+        finally:
+            os._exit(127)
+    out = b""
+    try:
+        def readUntil(text: bytes, seconds: float) -> None:
+            nonlocal out
+            deadline = time.monotonic() + seconds
+            while text not in out:
+                assert time.monotonic() < deadline, out
+                ready, _, _ = select.select([master], [], [], 0.5)
+                if ready:
+                    try:
+                        out += os.read(master, 1000)
+                    except OSError:  # EIO: the terminal's last user is gone
+                        break
+        readUntil(b"your name? ", 30)
+        os.write(master, b"world\n")
+        readUntil(b"hello world", 30)
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 5, out
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(master)
+    with LineClient(node.port) as c:
+        assert c.ask(b"A tty/k 30 1").startswith(b"A tty/k ")  # released
