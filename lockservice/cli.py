@@ -716,8 +716,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _restoreSIGINT() -> None:
+    """
+    Make Ctrl+C work even when SIGINT was inherited as ignored (a command
+    started with C{&} from a script): Python, and Twisted after it, leave
+    an ignored SIGINT ignored, and C{events --follow} or a long wait would
+    then never stop on it.  (The node does the same, see L{lockservice.tap}.)
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _restoreSIGINT()
     if argv[:1] == ["bench"]:
         from lockservice import bench
 

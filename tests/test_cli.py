@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from lockservice.testing.harness import LineClient, freePort, twistdEnvironment, waitFor
 
 
@@ -318,13 +320,25 @@ def test_events_and_force_release_against_a_real_node(spawn, tmp_path) -> None: 
         waiter.close()
 
 
-def test_events_follow_prints_new_events_as_they_come(spawn) -> None:  # type: ignore[no-untyped-def]
+def _ignoreSIGINT() -> None:
+    # What a shell does to a command it starts with `&` from a script.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sigint", ["default", "inherited ignored"])
+def test_events_follow_prints_new_events_as_they_come(spawn, sigint) -> None:  # type: ignore[no-untyped-def]
+    """
+    Ctrl+C (SIGINT) ends --follow with status 0, also when it was started
+    in the background from a script (issue 21 item 7: SIGINT inherited as
+    ignored must be restored, or the follower never stops).
+    """
     httpPort = freePort()
     node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
     proc = subprocess.Popen(
         [sys.executable, "-m", "lockservice.cli", "events", "--follow", "--interval", "0.2",
          "follow/k", "--http", f"http://127.0.0.1:{httpPort}"],
-        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=_ignoreSIGINT if sigint != "default" else None)
     try:
         with LineClient(node.port) as c:
             c.ask(b"I follower")
@@ -343,7 +357,10 @@ def test_events_follow_prints_new_events_as_they_come(spawn) -> None:  # type: i
         assert " release " in second and "follow/k" in second
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(20) == 0
+        try:
+            assert proc.wait(20) == 0
+        finally:
+            proc.kill()
 
 
 def _mutualTLSNode(spawn, tmp_path):  # type: ignore[no-untyped-def]
