@@ -21,6 +21,7 @@ Exit status: see L{EXIT_STATUSES} (and docs/operations.md).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -51,9 +52,12 @@ EXIT_STATUSES = {
               "rejected the request (E)",
     EX_NOT_ACTIVE: "release --force: that node is a standby (HTTP 409); "
                    "send it to the active's HTTP endpoint",
-    EX_UNAVAILABLE: "no node (or HTTP endpoint) reachable",
+    EX_UNAVAILABLE: "no node (or HTTP endpoint) reachable, or it does not speak what "
+                    "was expected (the lock port given for --http, or the reverse)",
     EX_LOST: "run: the lock was lost while CMD ran; CMD was stopped",
     EX_TEMPFAIL: "the wait ran out without a grant (acquire, run)",
+    126: "run: CMD was found but could not be run",
+    127: "run: CMD was not found",
     EX_NOPERM: "release --force refused: wrong admin secret, or none configured",
 }
 
@@ -85,8 +89,17 @@ def defaultName() -> str:
 
 
 def _baseURL(url: str) -> str:
-    if not url.startswith(("http://", "https://")):
+    if "://" not in url:
         url = "http://" + url
+    try:
+        where = (urllib.parse.urlsplit(url)
+                 if url.isprintable() and not any(c.isspace() for c in url) else None)
+        host = where.hostname if where is not None else None
+    except ValueError:  # "Invalid IPv6 URL", a bad port
+        where = host = None
+    if where is None or where.scheme not in ("http", "https") or not host:
+        raise CommandError(f"{url!r} is not an http:// or https:// URL of a node's "
+                           f"--http endpoint", EX_USAGE)
     return url.rstrip("/")
 
 
@@ -96,18 +109,42 @@ def _http(url: str, data: Optional[bytes] = None,
     One HTTP request; the decoded JSON answer.  HTTP errors are returned as
     C{urllib.error.HTTPError} for the caller to map.
     """
-    request = urllib.request.Request(url, data=data, headers=headers or {},
-                                     method="POST" if data is not None else "GET")
+    try:
+        request = urllib.request.Request(url, data=data, headers=headers or {},
+                                         method="POST" if data is not None else "GET")
+    except ValueError as e:  # urlsplit's "Invalid IPv6 URL" and kin
+        raise CommandError(f"{url!r} is not a valid URL: {e}", EX_USAGE) from None
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
+            body = response.read()
     except urllib.error.HTTPError:
         raise
+    except http.client.HTTPException:
+        # BadStatusLine and kin: something answered, but not HTTP (the
+        # lock port answers "E * /status unknown operation").
+        where = urllib.parse.urlsplit(url)
+        raise CommandError(f"{where.scheme}://{where.netloc} is not an HTTP endpoint "
+                           f"(is it the lock port?)", EX_UNAVAILABLE) from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise CommandError(f"cannot reach {url}: {reason}", EX_UNAVAILABLE) from None
+    except ValueError as e:  # http.client.InvalidURL, a bad header value
+        raise CommandError(f"cannot send to {url}: {e}", EX_USAGE) from None
+    try:
+        return json.loads(body)
     except ValueError:
         raise CommandError(f"{url} did not answer JSON", EX_UNAVAILABLE) from None
+
+
+def _object(answer: Any, url: str, needs: tuple = ()) -> Dict[str, Any]:
+    """
+    C{answer} if it is a JSON object with the fields C{needs}: else the
+    URL is not the endpoint it was taken for (one line, exit 69).
+    """
+    if not isinstance(answer, dict) or any(field not in answer for field in needs):
+        raise CommandError(f"{url} did not answer as a lockservice node does "
+                           f"(is it a node's --http endpoint?)", EX_UNAVAILABLE)
+    return answer
 
 
 def _jsonBody(e: urllib.error.HTTPError) -> Dict[str, Any]:
@@ -122,7 +159,8 @@ def fetchStatus(url: str) -> Dict[str, Any]:
     if not url.endswith("/status"):
         url += "/status"
     try:
-        return dict(_http(url))
+        return _object(_http(url), url, ("role", "held_keys", "waiters", "connections",
+                                          "highest_token", "uptime_seconds", "version"))
     except urllib.error.HTTPError as e:
         raise CommandError(f"{url} answered {e.code} {e.reason}", EX_UNAVAILABLE) from None
 
@@ -184,6 +222,12 @@ def eventsCommand(args: argparse.Namespace) -> int:
             except urllib.error.HTTPError as e:
                 raise CommandError(f"{url} answered {e.code} {e.reason}",
                                    EX_UNAVAILABLE) from None
+            answer = _object(answer, url, ("events",))
+            if not isinstance(answer["events"], list) or not all(
+                    isinstance(e, dict) and {"seq", "time", "type"} <= e.keys()
+                    for e in answer["events"]):
+                raise CommandError(f"{url} did not answer events as a lockservice node "
+                                   f"does", EX_UNAVAILABLE)
             missed = int(answer.get("missed", 0) or 0)
             if missed and since > 0:
                 # One line per gap: the node's ring dropped events this
@@ -216,6 +260,9 @@ def forceReleaseCommand(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as e:
         raise CommandError(f"cannot read --admin-secret {args.admin_secret}: "
                            f"{getattr(e, 'strerror', None) or e}", EX_USAGE) from None
+    if not secret or not secret.isprintable():
+        raise CommandError(f"--admin-secret {args.admin_secret} must hold the secret on "
+                           f"one line", EX_USAGE)
     url = f"{_baseURL(args.http)}/locks/{urllib.parse.quote(args.key, safe='')}/release"
     body = urllib.parse.urlencode({"reason": args.reason}).encode()
     try:
@@ -294,6 +341,19 @@ async def _connected(reactor: Any, args: argparse.Namespace) -> Any:
     except NoConnection as e:
         await client.close()
         raise CommandError(f"cannot reach lockservice: {e}", EX_UNAVAILABLE) from None
+    # One ping per cluster: a port that accepts connections but does not
+    # speak the lock protocol (the --http port by mistake) would otherwise
+    # leave an acquire waiting forever.
+    for cluster in clusters:
+        answered = False
+        try:
+            answered = await client.ping("cli").addTimeout(5, reactor)
+        except Exception:
+            pass
+        if not answered:
+            await client.close()
+            raise CommandError(f"{','.join(cluster)} does not answer the lock protocol "
+                               f"(is it the HTTP port?)", EX_UNAVAILABLE)
     return client
 
 
@@ -369,7 +429,9 @@ async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
             group = CommandGroup(reactor, command, env)
         except OSError as e:
             await client.release(lock)
-            raise CommandError(f"cannot run {command[0]}: {e.strerror or e}", 127) from None
+            # The shell's statuses: 127 not found, 126 found but not runnable.
+            raise CommandError(f"cannot run {command[0]}: {e.strerror or e}",
+                               127 if isinstance(e, FileNotFoundError) else 126) from None
         if state["pending"] is not None:
             group.signal(state["pending"])
 
@@ -596,6 +658,12 @@ def _token(text: str) -> int:
     return int(text)
 
 
+def _sequence(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) >= 2**63:
+        raise argparse.ArgumentTypeError(f"not an event sequence number: {text!r}")
+    return int(text)
+
+
 def _key(text: str) -> str:
     from lockservice.core.wire import isValidKey
 
@@ -703,7 +771,7 @@ def parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("events", help="show a node's recent lock events")
     ev.add_argument("key", nargs="?", type=_key, help="only this key's events")
     ev.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    ev.add_argument("--since", type=int, default=0, help="only events after this seq")
+    ev.add_argument("--since", type=_sequence, default=0, help="only events after this seq")
     ev.add_argument("--http", default=DEFAULT_STATUS_URL,
                     help=f"the node's HTTP endpoint (default $LOCKSERVICE_URL or "
                          f"{DEFAULT_STATUS_URL})")

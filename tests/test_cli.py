@@ -583,3 +583,59 @@ def test_run_at_a_terminal_lets_the_command_read_it(spawn) -> None:  # type: ign
         os.close(master)
     with LineClient(node.port) as c:
         assert c.ask(b"A tty/k 30 1").startswith(b"A tty/k ")  # released
+
+
+def _oneLine(got: subprocess.CompletedProcess, status: int, *words: str) -> str:  # type: ignore[type-arg]
+    err = got.stderr.decode()
+    assert got.returncode == status, (got.returncode, err)
+    assert err.startswith("lockservice: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def test_http_commands_pointed_at_the_lock_port_say_so_in_one_line(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 9: the lock port given where the --http one belongs (an
+    easy mistake: 7700 vs 7780) is one line, not http.client's traceback.
+    """
+    node = spawn()
+    secret = tmp_path / "admin"
+    secret.write_text("correct horse battery staple\n")
+    lockPort = f"http://127.0.0.1:{node.port}"
+    for args in (["status", lockPort], ["status", f"127.0.0.1:{node.port}"],
+                 ["events", "--http", lockPort], ["events", "--follow", "--http", lockPort],
+                 ["release", "--force", "k", "--reason", "x", "--admin-secret", str(secret),
+                  "--http", lockPort]):
+        _oneLine(cli(*args), 69, f"{lockPort} is not an HTTP endpoint (is it the lock port?)")
+
+
+def test_lock_commands_pointed_at_the_http_port_say_so_in_one_line(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    The reverse mistake: an acquire sent to the --http port waited forever.
+    """
+    httpPort = freePort()
+    spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    where = f"127.0.0.1:{httpPort}"
+    for args in (["acquire", "k"], ["run", "k", "--", "true"]):
+        _oneLine(cli(*args[:2], "--addr", where, *args[2:], timeout=30), 69,
+                 f"{where} does not answer the lock protocol (is it the HTTP port?)")
+
+
+def test_wrong_urls_and_answers_are_one_line_errors(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    httpPort = freePort()
+    spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    base = f"http://127.0.0.1:{httpPort}"
+    for url in ("http://[::1", "ftp://example.com", "http://", "http://a b"):
+        for args in (["status", url], ["events", "--http", url]):
+            _oneLine(cli(*args), 2, "is not an http:// or https:// URL")
+    # An HTTP endpoint that answers JSON, but not a node's status or events.
+    _oneLine(cli("status", f"{base}/locks"), 69, "did not answer as a lockservice node does")
+    _oneLine(cli("events", "--http", f"{base}/x"), 69, "404")
+    _oneLine(cli("events", "--since", "-5", "--http", base), 2, "--since")
+    twoLines = tmp_path / "two-lines"
+    twoLines.write_text("first\nsecond\n")
+    _oneLine(cli("release", "--force", "k", "--reason", "x", "--admin-secret", str(twoLines),
+                 "--http", base), 2, "on one line")
+    _oneLine(cli("run", "k", "--addr", "127.0.0.1:1", "--", "true"), 69, "cannot reach")
