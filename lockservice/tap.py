@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
 
 DEFAULT_PORT = 7700
+MIN_SECRET_BYTES = 16  # --secret, after surrounding whitespace is stripped
 
 
 def _seconds(name: str, positive: bool = True):  # type: ignore[no-untyped-def]
@@ -163,6 +164,13 @@ class Options(usage.Options):
                 ) from None
             if not self["secretBytes"]:
                 raise usage.UsageError(f"--secret {self['secret']} is empty")
+            if len(self["secretBytes"]) < MIN_SECRET_BYTES:
+                # A short secret can be guessed offline from one recorded
+                # handshake (docs/cluster.md, "Peer authentication").
+                raise usage.UsageError(
+                    f"--secret {self['secret']} holds {len(self['secretBytes'])} bytes: a "
+                    f"peer secret must be at least {MIN_SECRET_BYTES} bytes, long and random "
+                    f"(openssl rand -hex 32 > FILE)")
         else:
             self["secretBytes"] = b""
         self["adminSecretBytes"] = None
