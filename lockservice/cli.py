@@ -3,10 +3,11 @@
 The C{lockservice} command.
 
     lockservice status [URL]
-    lockservice acquire KEY [--lease S] [--wait S] [connection options]
+    lockservice acquire KEY [--lease S] [--wait S] [--read | --slots N] [connection options]
     lockservice release KEY TOKEN [connection options]
     lockservice release --force KEY --reason TEXT [--http URL] --admin-secret FILE
-    lockservice run KEY [--lease S] [--wait S] [--grace S] [connection options] -- CMD ARGS...
+    lockservice run KEY [--lease S] [--wait S] [--read | --slots N] [--grace S]
+                    [connection options] -- CMD ARGS...
     lockservice shell [HOST:PORT] [--tls-ca FILE ...]
     lockservice events [KEY] [--follow] [--http URL]
     lockservice bench ...            (see python -m lockservice.bench --help)
@@ -358,11 +359,17 @@ async def _connected(reactor: Any, args: argparse.Namespace) -> Any:
 
 
 async def _acquire(client: Any, key: str, lease: float, wait: float,
-                   keepAlive: bool = False) -> Any:
+                   keepAlive: bool = False, share: Any = None) -> Any:
+    """
+    C{client.acquire}, its failures as L{CommandError}s.  C{share} is
+    C{None} (exclusive), C{"r"} (a read lock) or a slot count 2-65535.
+    """
     from lockservice.client.errors import LockRejected, LockTimeout, NoConnection
 
+    # No share= for an exclusive lock: the plain call every client takes.
+    extra: Dict[str, Any] = {} if share is None else {"share": share}
     try:
-        return await client.acquire(key, lease, wait, keepAlive=keepAlive)
+        return await client.acquire(key, lease, wait, keepAlive=keepAlive, **extra)
     except LockTimeout:
         raise CommandError(f"no grant for {key!r} within {wait:g} s", EX_TEMPFAIL) from None
     except LockRejected as e:
@@ -374,7 +381,7 @@ async def _acquire(client: Any, key: str, lease: float, wait: float,
 async def acquireCommand(reactor: Any, args: argparse.Namespace) -> int:
     client = await _connected(reactor, args)
     try:
-        lock = await _acquire(client, args.key, args.lease, args.wait)
+        lock = await _acquire(client, args.key, args.lease, args.wait, share=args.share)
         print(lock.token)
         return EX_OK
     finally:
@@ -411,7 +418,8 @@ async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
     group: Optional[CommandGroup] = None
     previous: Dict[int, Any] = {}
     try:
-        lock = await _acquire(client, args.key, args.lease, args.wait, keepAlive=True)
+        lock = await _acquire(client, args.key, args.lease, args.wait, keepAlive=True,
+                              share=args.share)
         state: Dict[str, Any] = {"lost": None, "pending": None}
 
         def passOn(signum: int, frame: Any) -> None:
@@ -658,6 +666,17 @@ def _token(text: str) -> int:
     return int(text)
 
 
+def _slots(text: str) -> Optional[int]:
+    """
+    C{--slots N}: the semaphore's slot count, 1-65535; 1 is the exclusive
+    lock, so it gives C{None} (no share field on the wire).
+    """
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of slots from 1 to 65535, not {text!r}")
+    return None if int(text) == 1 else int(text)
+
+
 def _sequence(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) >= 2**63:
         raise argparse.ArgumentTypeError(f"not an event sequence number: {text!r}")
@@ -726,6 +745,13 @@ def parser() -> argparse.ArgumentParser:
                         help=f"lease in seconds (default {leaseDefault:g})")
         sp.add_argument("--wait", type=_seconds, default=0,
                         help="seconds to wait for the lock (default 0: no limit)")
+        kind = sp.add_mutually_exclusive_group()
+        kind.add_argument("--read", dest="share", action="store_const", const="r",
+                          help="a read lock: shared with other readers, exclusive of "
+                               "writers (a plain acquire is the writer)")
+        kind.add_argument("--slots", dest="share", type=_slots, metavar="N",
+                          help="a semaphore of N slots (2-65535): at most N holders at "
+                               "once; 1 is the plain exclusive lock")
         connection(sp)
 
     ac = sub.add_parser("acquire", help="acquire KEY and print its fencing token")

@@ -639,3 +639,43 @@ def test_wrong_urls_and_answers_are_one_line_errors(spawn, tmp_path) -> None:  #
     _oneLine(cli("release", "--force", "k", "--reason", "x", "--admin-secret", str(twoLines),
                  "--http", base), 2, "on one line")
     _oneLine(cli("run", "k", "--addr", "127.0.0.1:1", "--", "true"), 69, "cannot reach")
+
+
+def test_read_and_slots_are_parsed_into_the_clients_share() -> None:
+    """
+    Issue 22: --read is share="r", --slots N is share=N, --slots 1 (and
+    neither) the exclusive lock, share=None (no fifth field on the wire).
+    """
+    from lockservice.cli import parser
+
+    for command in (["acquire", "k"], ["run", "k", "--grace", "1"]):
+        def share(*extra: str) -> object:
+            return parser().parse_args([*command, *extra]).share
+
+        assert share() is None
+        assert share("--read") == "r"
+        assert share("--slots", "4") == 4
+        assert share("--slots", "65535") == 65535
+        assert share("--slots", "2") == 2
+        assert share("--slots", "1") is None
+
+
+def test_bad_read_and_slots_exit_2_with_one_line() -> None:
+    for extra, word in [(["--slots", "0"], "--slots"), (["--slots", "65536"], "--slots"),
+                        (["--slots", "x"], "--slots"), (["--slots", "+2"], "--slots"),
+                        (["--slots", "-3"], "--slots"), (["--slots", "²"], "--slots"),
+                        (["--slots", ""], "--slots"),
+                        (["--read", "--slots", "4"], "not allowed with"),
+                        (["--slots", "4", "--read"], "not allowed with")]:
+        for command in (["acquire", "k"], ["run", "k"]):
+            args = [*command, *extra] + (["--", "true"] if command[0] == "run" else [])
+            _oneLine(cli(*args), 2, word)
+
+
+def test_slots_1_is_the_exclusive_lock(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    got = cli("acquire", "slots/one", "--slots", "1", "--addr", node.address)
+    assert got.returncode == 0, got.stderr
+    with LineClient(node.port) as c:
+        assert c.ask(b"A slots/one 30 0.1") == b"T slots/one"  # held exclusively
+        assert c.ask(b"R slots/one " + got.stdout.strip()) == b"R slots/one OK"
