@@ -649,7 +649,7 @@ def test_read_and_slots_are_parsed_into_the_clients_share() -> None:
     from lockservice.cli import parser
 
     for command in (["acquire", "k"], ["run", "k", "--grace", "1"]):
-        def share(*extra: str) -> object:
+        def share(*extra: str, command: list = command) -> object:
             return parser().parse_args([*command, *extra]).share
 
         assert share() is None

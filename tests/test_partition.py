@@ -192,7 +192,7 @@ def test_concurrent_labs_get_their_own_names() -> None:
     assert leftovers(first) == [] and leftovers(second) == []
 
 
-def test_a_lab_failing_halfway_shows_the_tools_stderr_and_leaves_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_lab_failing_halfway_says_why_and_leaves_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """
     A real C{ip} failure halfway through L{netns.Lab.open} (a wrapper in
     front of the real tool fails on the second namespace's address): the
