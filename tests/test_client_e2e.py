@@ -85,6 +85,12 @@ async def test_connection_cut_mid_acquire_moves_to_next_connection(spawn) -> Non
     try:
         await holder.whenConnected()
         await waiter.whenConnected()
+        # Each connection first names itself (`I #<instance>`): forget
+        # those bytes, so that only the acquire's link counts as busy.
+        await until(lambda: len(proxy.links) == 2 and all(link.bytesUp for link in proxy.links),
+                    what="both links named")
+        for link in proxy.links:
+            link.bytesUp = 0
         held = await holder.acquire("k", 30, 0)
         pending = waiter.acquire("k", 30, 0)
         await until(lambda: queued(node, 1), what="queued")
