@@ -807,3 +807,15 @@ def test_close_fails_pending_acquires_at_once_with_no_connection_and_nothing_unh
 def test_an_address_without_a_port_is_refused_at_once(address) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="not a host:port address"):
         connect(Clock(), address)
+
+
+def test_a_try_with_the_smallest_wait_is_sent_with_that_wait() -> None:
+    # tooz's acquire(blocking=False): the first send asks for the wait given,
+    # even though it has run out on the client's clock by the time it goes.
+    clock, net, client = makeClient(["a:1"])
+    d = client.acquire("k", 30, 0.000001)
+    clock.advance(0.00001)
+    carrier = net.carrier()
+    assert carrier.sent() == [b"A k 30 0.000001"]
+    carrier.answer(b"A k 5")
+    assert result(d).token == 5

@@ -352,16 +352,23 @@ class LockClient:
         if lease <= 0:
             raise ValueError("lease must be > 0 seconds")
         leaseField = _seconds(lease, "lease")
-        _seconds(wait, "wait")
+        waitField = _seconds(wait, "wait")
         deadline = self.clock.seconds() + wait if wait > 0 else None
         keyText = key if isinstance(key, str) else key.decode("utf-8")
         pool = self.poolFor(rawKey)
 
+        sends = [0]
+
         def line() -> bytes:
             # A request re-sent after a drop or a redirect asks only for
             # the wait that is left, so the whole acquire stays bounded.
+            # The first asks for the wait given, exactly: a try (wait
+            # 0.000001) would otherwise be spent before it is even sent.
+            sends[0] += 1
             if deadline is None:
                 remaining = b"0"
+            elif sends[0] == 1:
+                remaining = waitField
             else:
                 remaining = _seconds(max(deadline - self.clock.seconds(), 0.001), "wait")
             return b"A " + rawKey + b" " + leaseField + b" " + remaining + shareBytes + b"\n"
@@ -465,21 +472,25 @@ class LockClient:
         redirects = 0
         unknownActive = 0
         slot: Optional[Slot] = None
+        # The deadline ends re-sends only: the first try always goes out.
+        tried = False
         while True:
             if self.closed:
                 raise NoConnection("client closed")
             now = self.clock.seconds()
-            if deadline is not None and now >= deadline:
+            if tried and deadline is not None and now >= deadline:
                 return [b"T", key], now
             if slot is None or not slot.up:
                 slot = pool.pick()
             if slot is None:
                 # Nothing is up: wait for the background redial, at most
                 # CONNECT_WAIT; NoConnection then says why none came.
+                tried = True
                 await pool.whenConnected(CONNECT_WAIT)
                 continue
             assert slot.protocol is not None
             sentAt = self.clock.seconds()
+            tried = True
             if onSend is not None:
                 onSend()
             try:
