@@ -163,7 +163,8 @@ def test_a_forked_child_cannot_use_its_parents_client_but_can_make_its_own(spawn
         sys.exit(os.waitstatus_to_exitcode(status))
     """, node.address)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "child: inherited client refused: this lockservice client was made in process" in out.stdout
+    refused = "child: inherited client refused: this lockservice client was made in process"
+    assert refused in out.stdout
     assert "child: own client got" in out.stdout
     assert "parent: released True" in out.stdout
 

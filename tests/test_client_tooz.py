@@ -68,7 +68,8 @@ def test_tooz_suite_passes_every_lock_test(spawn, tmp_path) -> None:  # type: ig
          "--pyargs", "tooz.tests.test_coordination"],
         capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path))
     report = out.stdout + out.stderr
-    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", report)}
+    counts = {kind: int(n)
+              for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", report)}
     failed = set(re.findall(r"^FAILED \S*::(test_\w+)", report, re.M))
     skipped = re.findall(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", report, re.M)
     # Only groups and leaders are skipped (tooz's NotImplemented rule), and

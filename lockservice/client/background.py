@@ -134,10 +134,14 @@ class ReactorThread:
             if future.cancelled() and cancellable:
                 d.cancel()
 
+        def cancelRunning() -> None:
+            for d in running:
+                d.cancel()
+
         def whenDone(done: "concurrent.futures.Future[Any]") -> None:
             # Queued behind run(), so `running` is filled by then.
             if done.cancelled() and cancellable:
-                self.reactor.callFromThread(lambda: [d.cancel() for d in running])
+                self.reactor.callFromThread(cancelRunning)
 
         future.add_done_callback(whenDone)
         self.reactor.callFromThread(run)
