@@ -19,12 +19,34 @@ from lockservice.testing.harness import LineClient, Node, freePort, waitFor
 from tests.test_protocol import Node as ProtocolNode
 
 
+def stubFor(node: "ProtocolNode", root: Any) -> StubTreq:
+    """
+    A StubTreq on C{root}, whose answers are produced on C{node}'s clock
+    (the Cooperator's turns): L{settle} runs them.
+    """
+    stub = StubTreq(root)
+    stub.clock = node.clock  # type: ignore[attr-defined]
+    return stub
+
+
+def settle(stub: StubTreq, done: Any) -> None:
+    """
+    Pump the stub's connections and its clock's turns until C{done()}.
+    """
+    clock = getattr(stub, "clock", None)
+    for _ in range(100_000):
+        stub.flush()
+        if done() or clock is None:
+            return
+        clock.advance(0)
+
+
 def fetch(stub: StubTreq, path: str):  # type: ignore[no-untyped-def]
     responses: list = []  # type: ignore[type-arg]
     stub.get("http://node" + path).addCallback(
         lambda r: r.content().addCallback(lambda body: responses.append((r, body)))
     )
-    stub.flush()
+    settle(stub, lambda: responses)
     assert responses, f"no response for {path}"
     return responses[0]
 
@@ -35,7 +57,7 @@ def node() -> ProtocolNode:
 
 
 def test_status_json(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"A k 30 0")
     b.ask(b"A k 30 0")
@@ -65,7 +87,7 @@ def withMonitor(node: ProtocolNode, **kw: Any) -> Tuple[StubTreq, Monitor]:
     monitor = Monitor(clock, node.service.table.clientOf,
                       wallTime=lambda: 1_700_000_000.0 + clock.seconds())
     node.service.activity.append(monitor)
-    return StubTreq(makeRoot(node.service, None, monitor, **kw)), monitor
+    return stubFor(node, makeRoot(node.service, None, monitor, **kw)), monitor
 
 
 def test_locks_says_who_holds_what(node: ProtocolNode) -> None:
@@ -117,7 +139,7 @@ def test_locks_says_who_holds_what(node: ProtocolNode) -> None:
 
 
 def test_names_follow_a_rename_and_a_handover(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"A k 30 0")
     b.ask(b"I first")
@@ -129,7 +151,7 @@ def test_names_follow_a_rename_and_a_handover(node: ProtocolNode) -> None:
 
 
 def test_key_statistics(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     for i in range(3):
         a.ask(b"A hot 30 0")
@@ -155,7 +177,7 @@ def test_key_statistics(node: ProtocolNode) -> None:
 
 
 def test_events_contract(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"I alice")
     a.ask(b"A k 30 0")
@@ -189,7 +211,7 @@ def test_events_contract(node: ProtocolNode) -> None:
 
 
 def test_deadlock_on_status(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     x, y = node.connect(), node.connect()
     x.ask(b"I x")
     y.ask(b"I y")
@@ -223,7 +245,7 @@ def post(stub: StubTreq, path: str, secret: Optional[bytes] = SECRET,
     stub.post("http://node" + path, data=data, headers=headers).addCallback(
         lambda r: r.content().addCallback(lambda body: responses.append((r, body)))
     )
-    stub.flush()
+    settle(stub, lambda: responses)
     assert responses, f"no response for {path}"
     return responses[0][0].code, json.loads(responses[0][1])
 
@@ -261,7 +283,7 @@ def test_force_release(node: ProtocolNode) -> None:
 
 
 def test_force_release_refused_without_admin_secret(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     node.connect().ask(b"A k 30 0")
     code, answer = post(stub, "/locks/k/release")
     assert code == 403 and "admin-secret" in answer["error"]
@@ -269,7 +291,7 @@ def test_force_release_refused_without_admin_secret(node: ProtocolNode) -> None:
 
 
 def test_force_release_on_a_standby(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None, adminSecret=SECRET))
+    stub = stubFor(node, makeRoot(node.service, None, adminSecret=SECRET))
     node.connect().ask(b"A k 30 0")
     node.service.setRole("standby", b"h:1")
     code, answer = post(stub, "/locks/k/release")
@@ -277,7 +299,7 @@ def test_force_release_on_a_standby(node: ProtocolNode) -> None:
 
 
 def test_metrics_exposition(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"A k 30 0")
     b.ask(b"A k 30 1")
@@ -318,7 +340,7 @@ def test_metrics_exposition(node: ProtocolNode) -> None:
 
 
 def test_redirects_counted(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     node.service.setRole("standby", b"h:1")
     node.connect().ask(b"A k 1 0")
     _, body = fetch(stub, "/metrics")
@@ -327,7 +349,7 @@ def test_redirects_counted(node: ProtocolNode) -> None:
 
 
 def test_dashboard_page_has_no_external_assets(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     response, body = fetch(stub, "/")
     assert response.headers.getRawHeaders(b"content-type")[0].startswith(b"text/html")
     assert b"<title>lockservice</title>" in body
@@ -341,7 +363,7 @@ def test_dashboard_page_has_no_external_assets(node: ProtocolNode) -> None:
 
 
 def test_dashboard_data(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"I alice")
     b.ask(b"I bob")
@@ -449,7 +471,7 @@ def test_locks_path_names_exactly_one_key(node: ProtocolNode) -> None:
 
 
 def node_stub(node: ProtocolNode) -> StubTreq:
-    return StubTreq(makeRoot(node.service, None))
+    return stubFor(node, makeRoot(node.service, None))
 
 
 @pytest.mark.parametrize("path", ["/", "/status", "/locks", "/locks/stats", "/events",
