@@ -12,6 +12,7 @@ import base64
 import hashlib
 import hmac
 import json
+import socket
 import time
 import unicodedata
 from importlib import resources
@@ -228,6 +229,8 @@ SLICE = 0.004
 # Unsent bytes Twisted keeps per HTTP connection beyond the kernel's
 # socket buffer before the answer is paused (its default is 64 KiB).
 SEND_BUFFER = 16 * 1024
+# The kernel's send buffer of an HTTP connection (Linux doubles it).
+KERNEL_SEND_BUFFER = 64 * 1024
 # Requests in progress at once; the next ones are answered 503 at once.
 MAX_REQUESTS = 256
 # An answer paused this long (its client reads nothing) is given up and
@@ -797,6 +800,12 @@ class NodeChannel(HTTPChannel):
             # producer is paused: 3,000 clients that never read cost
             # 3,000 small buffers.
             self.transport.bufferSize = SEND_BUFFER
+        handle = getattr(self.transport, "getHandle", lambda: None)()
+        if isinstance(handle, socket.socket) and handle.family != socket.AF_UNIX:
+            # And a small kernel buffer: loopback's autotuning would take
+            # megabytes per connection from the machine (not our RSS) for
+            # a client that never reads.
+            handle.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, KERNEL_SEND_BUFFER)
 
     def allHeadersReceived(self) -> None:
         if self.length is None or self.length > self.maxBody:

@@ -156,7 +156,11 @@ def nonReaders(lockPort: int, httpPort: int, count: int, path: str = HEAVY
     C{count} connections that each ask for C{path} and never read.
     """
     socks = []
-    for _ in range(count):
+    for n in range(count):
+        if n % 25 == 24:
+            # Let the node accept: a burst beyond its listen backlog (50)
+            # would have SYNs dropped and retried a second later.
+            time.sleep(0.01)
         sock = socket.create_connection(("127.0.0.1", httpPort), timeout=30)
         # A small receive buffer: the answer piles up on the node's side.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
