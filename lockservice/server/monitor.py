@@ -10,8 +10,9 @@ its C{activity} observers).  On that hot path it only notes the change (one
 tuple appended to a log) and keeps the wait-for graph current; the event
 ring, the per-key statistics and the per-second series are derived from
 the log when something reads them (a page, a check), or when it reaches
-L{FOLD_AT} entries, so they cost next to nothing per request.  It is also told and by the cluster layer (L{Monitor.clusterEvent});
-it never changes the table itself except through the service's normal
+L{FOLD_AT} entries, so they cost little per request.  It is also told
+of the cluster's events (L{Monitor.clusterEvent}); it never changes the
+table itself except through the service's normal
 release path (force-release), so replication and the other observers see
 that release like any other.
 """
