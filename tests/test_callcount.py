@@ -6,9 +6,9 @@ with the operator's view (the monitor) attached, and fails above a budget.
 
 Only frames whose code lives under lockservice/ count, so the Twisted
 version (tox's oldest and newest) does not change the figure.  Measured
-when the budget was set: 91 calls a pair (08f723a, before the monitor
-noted changes lazily: 97); without the monitor 71.  Raise the budget only
-with a measured reason (docs/performance.md).
+when the budget was set: 76 calls a pair (60 with the monitor detached);
+08f723a, before the monitor noted changes lazily, made 85 (61).  Raise the
+budget only with a measured reason (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from lockservice.server.monitor import Monitor
 from lockservice.server.protocol import LockFactory
 from lockservice.server.service import LockService
 
-CALLS_PER_PAIR = 95
+CALLS_PER_PAIR = 80
+# What the monitor may add to a pair (08f723a: 24).
+MONITOR_CALLS = 17
 # Enough pairs that the monitor's lazy folds (every FOLD_AT noted changes)
 # are counted too.
 PAIRS = 2048
@@ -90,4 +92,5 @@ def test_an_acquire_release_pair_stays_within_its_call_budget() -> None:
 
 
 def test_the_monitor_costs_few_calls_per_pair() -> None:
-    assert callsPerPair(monitor=True) - callsPerPair(monitor=False) <= 21
+    added = callsPerPair(monitor=True) - callsPerPair(monitor=False)
+    assert added <= MONITOR_CALLS, f"the monitor adds {added:.1f} calls per pair"

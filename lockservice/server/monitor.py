@@ -218,14 +218,25 @@ class Monitor:
         log, self._log = self._log, []
         offset = self.wallTime() - self.clock.seconds()
         add = self._events.add
-        keys, series = self._keys, self._series
+        keys = self._keys
+        # The series counts per whole second: a batch per second, not a
+        # call per event.
+        second = None
+        grants = waits = holds = 0
+        holdTotal = holdMax = 0.0
         for entry in log:
             kind, now, key = entry[0], entry[1], entry[2]
+            if now // 1 != second:
+                if second is not None:
+                    self._series.add(second, grants, waits, holds, holdTotal, holdMax)
+                second = now // 1
+                grants = waits = holds = 0
+                holdTotal = holdMax = 0.0
             wall = now + offset
             if kind == _GRANTED:
                 _, _, _, token, owner, waited, queued = entry
                 keys.granted(key, waited)
-                series.granted(now)
+                grants += 1
                 if queued:
                     add(wall, ev.GRANT, key, token, owner, "after waiting %.3f s", waited)
                 else:
@@ -233,7 +244,10 @@ class Monitor:
             elif kind == _DROPPED:
                 _, _, _, token, owner, heldFor, expired, forced = entry
                 keys.dropped(key, heldFor, expired)
-                series.held(now, heldFor)
+                holds += 1
+                holdTotal += heldFor
+                if heldFor > holdMax:
+                    holdMax = heldFor
                 if forced is not None:
                     add(wall, ev.FORCE_RELEASE, key, token, owner, forced)
                 else:
@@ -241,7 +255,7 @@ class Monitor:
                         "after %.3f s", heldFor)
             elif kind == _QUEUED:
                 keys.queued(key)
-                series.queued(now)
+                waits += 1
             elif kind == _ENDED:
                 _, _, _, who, waited, reason = entry
                 if reason == TIMEOUT:
@@ -251,6 +265,8 @@ class Monitor:
             else:
                 _, _, _, token, owner, lease = entry
                 add(wall, ev.RENEWAL, key, token, owner, "lease %.3f s", lease)
+        if second is not None:
+            self._series.add(second, grants, waits, holds, holdTotal, holdMax)
 
     def _note(self, entry: Tuple[Any, ...]) -> None:
         log = self._log

@@ -261,7 +261,9 @@ class LockProtocol(LineOnlyReceiver):
             self._batch = [data]
             turn.append(self)
         elif self.service.mayAnswerNow():
-            self._send(data)
+            # Straight to the socket when nothing is buffered (see
+            # internals.sendNow); the answer turn let replication go first.
+            sendNow(self._socket, self.transport, data)
         else:
             self._batch = [data]
             self.service.hold(self)
@@ -269,13 +271,7 @@ class LockProtocol(LineOnlyReceiver):
     def flushAnswers(self) -> None:
         batch, self._batch = self._batch, None
         if batch:
-            self._send(b"".join(batch))
-
-    def _send(self, data: bytes) -> None:
-        # When nothing is buffered we send at once and hand only what the
-        # kernel did not take to the transport (see internals.sendNow).
-        # The answer turn let replication go first.
-        sendNow(self._socket, self.transport, data)
+            sendNow(self._socket, self.transport, b"".join(batch))
 
     # -- reading ---------------------------------------------------------
 
@@ -289,13 +285,13 @@ class LockProtocol(LineOnlyReceiver):
             self._putOff += data
             self._updateReading()
             return
-        service = self.service
-        outer = service.openTurn()
+        answers = self.service.answers
+        outer = answers.open()
         try:
             self._readLines(data)
         finally:
             if outer:
-                service.closeTurnSoon()
+                answers.closeSoon()
 
     def _readLines(self, data: bytes) -> None:
         if self._buffer:
