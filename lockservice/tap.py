@@ -6,6 +6,7 @@ C{twistd lockservice}: command-line options and the service tree.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
@@ -519,7 +520,10 @@ def makeService(config: Options) -> IService:
     # Always on: long holds and deadlocks are logged even without --http.
     monitor = Monitor(reactor, locks.table.clientOf,  # type: ignore[arg-type]
                       warnHold=config["warn-hold"])
-    locks.activity.append(monitor)
+    if os.environ.get("LOCKSERVICE_BENCH_DETACH_MONITOR") != "1":
+        # (Detached only by `python -m lockservice.bench suite`, to measure
+        # what the operator's view costs: never in production.)
+        locks.activity.append(monitor)
     cluster = None
     if len(config["peerList"]) > 1:
         from lockservice.cluster.node import Cluster
