@@ -18,7 +18,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from lockservice.core import wire
-from lockservice.internals import plainSocket, sendNow
+from lockservice.internals import END_OF_INPUT, plainSocket, sendNow
 from lockservice.server.admission import (  # noqa: F401 (re-exported for the tests)
     ADDRESS_FLOOD,
     ADDRESS_PENALTY,
@@ -35,6 +35,7 @@ from lockservice.server.admission import (  # noqa: F401 (re-exported for the te
     Admission,
     StaleWindow,
 )
+from lockservice.server.hangups import HangUpSweep
 from lockservice.server.service import LockService, PendingAcquire
 from lockservice.tcp import noDelay
 
@@ -134,6 +135,9 @@ class LockProtocol(LineOnlyReceiver):
         # and paused by us (held-back answers or queued acquires).
         self._writePaused = False
         self._readPaused = False
+        # The same, for the hand-over and the hang-up sweep: a connection
+        # not read must have its socket checked (see server/hangups.py).
+        self.notRead = False
         self._heldBytes = 0
         self._queued = 0
         self._lost = False
@@ -226,7 +230,8 @@ class LockProtocol(LineOnlyReceiver):
         paused = self._writePaused or self._overloaded()
         if paused == self._readPaused or self.gone:
             return
-        self._readPaused = paused
+        self._readPaused = self.notRead = paused
+        self.factory.hangUps.watch(self, paused)
         if paused:
             self.transport.pauseProducing()  # type: ignore[union-attr]
         else:
@@ -234,6 +239,27 @@ class LockProtocol(LineOnlyReceiver):
 
     def stopProducing(self) -> None:
         pass  # the connection is going away; connectionLost cleans up
+
+    def hungUp(self) -> bool:
+        """
+        For a connection not read: when its socket says the peer went away
+        (L{lockservice.internals.peerHungUp}), treat it as lost, as the
+        reactor would once it read: its waiters are passed by and
+        withdrawn.  A reset closes it (nobody reads what we would write);
+        an end of input (nothing left unread before it) is handled as the
+        reactor's C{readConnectionLost}.
+
+        @return: True when the peer went away.
+        """
+        what = self.factory.hangUps.check(self.transport)
+        if what is None:
+            return False
+        if what == END_OF_INPUT:
+            self.readConnectionLost()
+        else:
+            self._leave(writeDecided=False)
+            self.transport.abortConnection()  # type: ignore[union-attr]
+        return True
 
     # -- writing ---------------------------------------------------------
 
@@ -479,6 +505,7 @@ class LockProtocol(LineOnlyReceiver):
         self._producing = False
         self._lost = True
         self._leaveProbation()
+        self.factory.hangUps.forget(self)
         if self.peer is not None:
             self.peer.connectionLost(reason)
             self.peer = None
@@ -554,6 +581,7 @@ class LockFactory(Factory):
         self.service = service
         self.peerAcceptor = peerAcceptor
         self.readBudget = ReadBudget(service.clock)
+        self.hangUps = HangUpSweep(service.clock)
         self.admission = Admission(maxConnections, acceptsPeers=peerAcceptor is not None)
 
     @property
