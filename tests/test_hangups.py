@@ -159,3 +159,30 @@ def test_the_sweep_checks_a_bounded_number_per_round_round_robin() -> None:
     node.clock.advance(SWEEP_INTERVAL)
     assert sweeps(node) == []
     assert len(check.asked) == 6
+
+
+def test_input_put_off_to_the_next_iteration_comes_before_an_end_of_input() -> None:
+    """
+    A connection paused only until the next reactor iteration (its input
+    over the iteration's budget) has requests read and not handled yet:
+    an end of input behind them is not acted on; a reset drops them.
+    """
+    for what in (END_OF_INPUT, RESET):
+        node, check = setUp(what)
+        node.factory.readBudget.budget = 10
+        holder, other = node.connect(), node.connect()
+        holder.ask(b"A k 30 0")
+        other.proto.dataReceived(b"P first-iteration-only\n")  # spends the budget
+        other.take()
+        late = node.connect()
+        late.proto.dataReceived(b"A k 30 0\nP put-off\n")
+        assert late.proto.notRead and late.take() == b""
+        check.dead.append(late.transport)
+        assert late.proto.hungUp() is (what == RESET)
+        node.clock.advance(0)  # the next iteration
+        if what == END_OF_INPUT:
+            assert late.take() == b"P put-off\n"
+            assert node.service.table.waiterCount == 1
+        else:
+            assert late.take() == b""
+            assert node.service.table.waiterCount == 0

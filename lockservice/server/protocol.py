@@ -252,11 +252,15 @@ class LockProtocol(LineOnlyReceiver):
         @return: True when the peer went away.
         """
         what = self.factory.hangUps.check(self.transport)
-        if what is None:
-            return False
+        if what is None or (what == END_OF_INPUT and self._putOff):
+            return False  # input put off to the next iteration comes first
         if what == END_OF_INPUT:
             self.readConnectionLost()
         else:
+            # Lost: nobody reads what we would write, and input put off is
+            # dropped, as at any reset of a connection not read.
+            self._lost = True
+            self._putOff = b""
             self._leave(writeDecided=False)
             self.transport.abortConnection()  # type: ignore[union-attr]
         return True
