@@ -10,7 +10,10 @@ the oldest and the newest Twisted of the tox matrix.
 
 from __future__ import annotations
 
+import fcntl
 import select
+import struct
+import termios
 from typing import Any, Callable, List, Optional, cast
 
 from twisted.application.internet import ClientService, StreamServerEndpointService
@@ -292,10 +295,6 @@ def peerHungUp(transport: Any) -> Optional[str]:
     @return: L{RESET}, L{END_OF_INPUT}, or None (the peer is there, or the
         transport is of unknown layout, as in tests).
     """
-    import fcntl
-    import struct
-    import termios
-
     from twisted.internet.tcp import Connection
 
     tcp = transport if isinstance(transport, Connection) else getattr(transport, "transport", None)
