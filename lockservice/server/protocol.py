@@ -509,11 +509,11 @@ class LockProtocol(LineOnlyReceiver):
         self._producing = False
         self._lost = True
         self._leaveProbation()
-        self.factory.hangUps.forget(self)
         if self.peer is not None:
             self.peer.connectionLost(reason)
             self.peer = None
         self.service.connections.discard(self)
+        self.factory.hangUps.forget(self)
         self._leave(writeDecided=False)
 
 
