@@ -142,6 +142,8 @@ class Stream:
         self.acknowledged = mode == ACK
         self.position = 0
         self._reached = 0
+        # (The gate's "something hands changes on": answers wait for us.)
+        self.hooks: List[Callable[[], Optional[bool]]] = [self.flush]
         self.pending: List[bytes] = []
         self._flushLater: Optional[IDelayedCall] = None
         # Whether a follower's link still holds unsent bytes (a seam for tests).
@@ -201,9 +203,6 @@ class Stream:
         return self.caughtUp(followers)
 
     # -- the answer gate (lockservice.server.turn.Gate) ---------------------
-
-    def needed(self) -> bool:
-        return True
 
     def publish(self) -> int:
         if self.flush():
