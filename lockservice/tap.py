@@ -26,6 +26,7 @@ from lockservice.tls import NodeTLS
 
 if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
+    from lockservice.state import NodeState
 
 DEFAULT_PORT = 7700
 
@@ -106,6 +107,9 @@ class Options(usage.Options):
         ["admin-secret", None, None,
          "File holding the bearer token for the HTTP force-release "
          "(POST /locks/KEY/release); without it force-release is off."],
+        ["state-dir", None, None,
+         "Directory where the node keeps its token high-water mark and, after a "
+         "graceful stop with nobody to hand them to, its held locks (off by default)."],
     ]
 
     def opt_version(self) -> None:
@@ -268,6 +272,8 @@ class NodeService(MultiService):
     """
 
     cluster: Optional["Cluster"] = None
+    locks: Optional[LockService] = None
+    nodeState: Optional["NodeState"] = None
 
     def privilegedStartService(self) -> None:
         # The listeners bind here (before the reactor runs).  A port that is
@@ -290,9 +296,18 @@ class NodeService(MultiService):
             raise SystemExit(1) from None
 
     def stopService(self) -> "Deferred[None]":
+        from lockservice.core.election import ACTIVE
+
         async def stop() -> None:
-            if self.cluster is not None:
-                await self.cluster.gracefulStop()
+            cluster = self.cluster
+            wasActive = cluster is None or cluster.role == ACTIVE
+            if cluster is not None:
+                await cluster.gracefulStop()
+            if self.nodeState is not None and self.locks is not None:
+                # The exact highest token; and the held locks, when nobody
+                # took them over, for the next start.
+                self.nodeState.stopped(self.locks, keepLocks=wasActive and (
+                    cluster is None or cluster.leader is None))
             await super(NodeService, self).stopService()
 
         return Deferred.fromCoroutine(stop())
@@ -440,6 +455,39 @@ def _peerEndpoints(reactor: Any, config: Options) -> Callable[[int], Any]:
     return endpointFor
 
 
+def _openState(config: Options, locks: LockService, cluster: Optional["Cluster"]) -> "NodeState":
+    """
+    --state-dir: restore the token mark and the saved locks before anything
+    is served; a directory or file that cannot be used ends the process
+    with one line.
+    """
+    from twisted.logger import Logger
+
+    from lockservice.state import NodeState, StateDir, StateError, clusterIdentity
+
+    peers: List[str] = config["peerList"]
+    directory = StateDir(config["state-dir"], clusterIdentity(config["secretBytes"], peers),
+                         config["self"] or "")
+    state = NodeState(directory, wallMicros,
+                      (lambda: cluster.maxTerm) if cluster is not None else (lambda: 0))
+    try:
+        kept, ended = state.start(locks)
+    except StateError as e:
+        stderr = sys.__stderr__ or sys.stderr
+        stderr.write(f"twistd lockservice: {e}\n")
+        stderr.flush()
+        raise SystemExit(1) from None
+    if cluster is not None:
+        # Terms after a restart rise above every term recorded, too.
+        cluster.learnTerm(state.restored)
+        if kept:
+            cluster.restoredLocks(state.state.term)
+    Logger().info("state dir {path}: tokens start above {mark}; {kept} saved held locks "
+                  "restored, {ended} ran out while the node was down",
+                  path=config["state-dir"], mark=locks.table.tokens.last, kept=kept, ended=ended)
+    return state
+
+
 def makeService(config: Options) -> IService:
     from twisted.internet import reactor
 
@@ -486,6 +534,13 @@ def makeService(config: Options) -> IService:
         maxConnections=_fitConnections(config["max-connections"]))
     if tls is not None and tls.certificate is not None:
         factory = tls.wrapServerFactory(factory)
+    if config["state-dir"]:
+        root.locks = locks
+        root.nodeState = _openState(config, locks, cluster)
+    else:
+        from lockservice.state import ClockWatch
+
+        ClockWatch(reactor, lambda: locks.table.tokens, wallMicros).setServiceParent(root)  # type: ignore[arg-type]
     listener = StreamServerEndpointService(serverFromString(reactor, config["listen"]), factory)
     # A port that cannot be bound must stop twistd, not leave a deaf node.
     raiseBindErrorsAtStart(listener)

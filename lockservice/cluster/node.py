@@ -210,6 +210,15 @@ class Cluster(Service):
         if term > self.maxTerm:
             self.maxTerm = term
 
+    def restoredLocks(self, term: int) -> None:
+        """
+        This node starts with held locks saved at a graceful stop
+        (--state-dir, in its term C{term}): if another node becomes active,
+        they are offered to it at the first sync and merged by the heal
+        rules; if this node does, it serves them.
+        """
+        self._offerFrom = (self.me, term)
+
     # -- service ---------------------------------------------------------------
 
     def startService(self) -> None:

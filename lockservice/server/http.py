@@ -31,6 +31,7 @@ from lockservice.server.clusterview import ClusterView
 from lockservice.server.metrics import CONTENT_TYPE, Metrics
 from lockservice.server.monitor import Monitor
 from lockservice.server.service import LockService
+from lockservice.state import clockBehind
 
 # Defaults and ceilings of what one request may ask for: an answer is
 # built in one reactor turn, so its size is what bounds the stall it causes
@@ -86,6 +87,10 @@ def status(locks: LockService, cluster: Optional[ClusterView],
         "waiters": locks.table.waiterCount,
         "connections": len(locks.connections),
         "highest_token": locks.table.tokens.last,
+        # Why this node's clock looks wrong, or null: the cluster's own
+        # suspicion (a peer far ahead) first, else lockservice.state's.
+        "clock_warning": (getattr(cluster, "clockSuspect", None)
+                          or clockBehind(locks.table.tokens, time.time_ns() // 1000)),
         "uptime_seconds": round(locks.uptime(), 3),
         "version": lockservice.__version__,
     }

@@ -1,0 +1,353 @@
+"""
+lockservice.state: the state file (pure encode/decode), its atomic
+writes, the token high-water mark and the saved locks.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List
+
+import pytest
+from twisted.internet.task import Clock
+
+from lockservice.core.table import TokenIssuer
+from lockservice.server.service import LockService
+from lockservice.state import (
+    MARK_LEAD,
+    ClockWatch,
+    DurableTokens,
+    NodeState,
+    SavedLock,
+    State,
+    StateDir,
+    StateError,
+    clockBehind,
+    clusterIdentity,
+    decode,
+    encode,
+)
+
+CLUSTER = clusterIdentity(b"0123456789abcdef-secret", ["a:1", "b:2"])
+
+
+def sample() -> State:
+    return State(CLUSTER, "a:1", mark=1796162733994761, term=1796162000000000,
+                 saved=1796162133994761,
+                 locks=[SavedLock(b"orders/42", 1796162133000001, 1796162163000000,
+                                  1796162133000001),
+                        SavedLock(b"k \xff", 7, 8, 6, b"r"),
+                        SavedLock(b"sem", 9, 10, 8, b"5")])
+
+
+# -- the format, without I/O ------------------------------------------------------
+
+def test_encode_decode_round_trip() -> None:
+    state = sample()
+    assert decode(encode(state), CLUSTER, "a:1") == state
+
+
+def test_a_lone_node_has_no_node_entry() -> None:
+    lone = clusterIdentity(b"", [])
+    state = State(lone, "", mark=5)
+    assert b"node -\n" in encode(state)
+    assert decode(encode(state), lone, "") == state
+
+
+def test_the_identity_changes_with_the_secret_and_with_the_peers() -> None:
+    assert clusterIdentity(b"x" * 16, ["a:1", "b:2"]) != clusterIdentity(b"y" * 16, ["a:1", "b:2"])
+    assert clusterIdentity(b"x" * 16, ["a:1", "b:2"]) != clusterIdentity(b"x" * 16, ["a:1", "c:2"])
+    assert b"secret" not in clusterIdentity(b"secret" * 4, []).encode()
+
+
+@pytest.mark.parametrize("cut", [1, 10, 40, 120, -70, -8, -1])
+def test_every_truncation_is_refused(cut: int) -> None:
+    data = encode(sample())
+    with pytest.raises(StateError):
+        decode(data[:cut], CLUSTER, "a:1")
+
+
+def test_every_flipped_byte_is_refused() -> None:
+    data = encode(sample())
+    for i in range(len(data)):
+        broken = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:]
+        with pytest.raises(StateError):
+            decode(broken, CLUSTER, "a:1")
+
+
+@pytest.mark.parametrize("cluster, node, message", [
+    (clusterIdentity(b"another-secret-0123", ["a:1", "b:2"]), "a:1", "another cluster"),
+    (CLUSTER, "b:2", "belongs to node a:1, not b:2"),
+])
+def test_foreign_state_is_refused(cluster: str, node: str, message: str) -> None:
+    with pytest.raises(StateError, match=message):
+        decode(encode(sample()), cluster, node)
+
+
+def test_another_format_version_and_other_files_are_refused() -> None:
+    data = encode(sample()).replace(b"lockservice-state 1", b"lockservice-state 2", 1)
+    with pytest.raises(StateError, match="another version"):
+        decode(data, CLUSTER, "a:1")
+    with pytest.raises(StateError, match="not a lockservice state file"):
+        decode(b"\x00" * 100, CLUSTER, "a:1")
+    with pytest.raises(StateError, match="not a lockservice state file"):
+        decode(b"", CLUSTER, "a:1")
+
+
+def test_a_well_checksummed_but_bad_body_is_refused() -> None:
+    """
+    A file with a valid checksum but nonsense in it (a bug, a hand edit):
+    refused whole, never half-loaded.
+    """
+    import hashlib
+
+    def signed(body: bytes) -> bytes:
+        return body + b"sha256 " + hashlib.sha256(body).hexdigest().encode() + b"\n"
+
+    good = encode(sample())
+    body = good[:good.rfind(b"sha256 ")]
+    for old, new, why in [
+        (b"locks 3", b"locks 4", "header says 4"),
+        (b"mark 1796162733994761", b"mark -1", "bad mark"),
+            (b"term ", b"turn ", "bad header"),
+        (b"mark 1796162733994761", b"mark 99999999999999999999", "bad mark"),
+        (b" r\n", b" w\n", "bad share"),
+        (b"L 6f72", b"L zz72", "bad key"),
+    ]:
+        with pytest.raises(StateError, match=why):
+            decode(signed(body.replace(old, new, 1)), CLUSTER, "a:1")
+
+
+# -- the token mark ------------------------------------------------------------------
+
+def test_durable_tokens_record_a_mark_once_per_lead() -> None:
+    now = [1_000_000]
+    recorded: List[int] = []
+
+    def record(token: int) -> None:
+        recorded.append(token)
+        tokens.mark = token + MARK_LEAD
+
+    tokens = DurableTokens(lambda: now[0], 0, 0, record)
+    first = tokens.issue()
+    assert recorded == [first]
+    for _ in range(1000):
+        now[0] += 1000  # a grant every millisecond
+        tokens.issue()
+    assert recorded == [first]  # one second of tokens: no new mark
+    now[0] += MARK_LEAD
+    tokens.issue()
+    assert len(recorded) == 2
+
+
+def test_durable_tokens_record_before_a_learned_token_passes_the_mark() -> None:
+    recorded: List[int] = []
+    tokens = DurableTokens(lambda: 0, 0, 100, recorded.append)
+    tokens.observe(50)
+    assert recorded == [] and tokens.last == 50
+    tokens.observe(500)
+    assert recorded == [500] and tokens.last == 500
+
+
+def test_durable_tokens_issue_like_the_plain_issuer() -> None:
+    now = [10]
+    plain = TokenIssuer(lambda: now[0])
+    durable = DurableTokens(lambda: now[0], 0, 2**63, lambda token: None)
+    for step in [5, 0, 0, 3, -20, 100]:
+        now[0] += step
+        assert durable.issue() == plain.issue()
+
+
+# -- the directory ---------------------------------------------------------------------
+
+def test_write_is_atomic_and_read_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    directory = StateDir(str(tmp_path / "s"), CLUSTER, "a:1")
+    assert directory.open() is None
+    directory.write(sample())
+    assert sorted(os.listdir(tmp_path / "s")) == ["lock", "state"]  # no temporary left
+    again = StateDir(str(tmp_path / "s"), CLUSTER, "a:1")
+    directory._lock and os.close(directory._lock)  # the first node is gone
+    assert again.open() == sample()
+
+
+def test_a_directory_in_use_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    StateDir(str(tmp_path), CLUSTER, "a:1").open()
+    with pytest.raises(StateError, match="in use by another running node"):
+        StateDir(str(tmp_path), CLUSTER, "a:1").open()
+
+
+def test_a_refused_file_is_named_in_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "state").write_bytes(encode(sample())[:-20])
+    with pytest.raises(StateError) as caught:
+        StateDir(str(tmp_path), CLUSTER, "a:1").open()
+    text = str(caught.value)
+    assert "\n" not in text
+    assert str(tmp_path / "state") in text and "checksum" in text and "move it away" in text
+
+
+# -- a node's state: marks, saved locks ------------------------------------------------
+
+def _node(tmp_path, now: List[int], clock: Clock):  # type: ignore[no-untyped-def]
+    locks = LockService(clock, lambda: now[0])
+    state = NodeState(StateDir(str(tmp_path), CLUSTER, "a:1"), lambda: now[0])
+    return locks, state
+
+
+def test_tokens_rise_across_a_restart_with_the_clock_behind(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    now = [1796162733994761]
+    clock = Clock()
+    locks, state = _node(tmp_path, now, clock)
+    state.start(locks)
+    before = locks.table.tokens.issue()
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    now[0] -= 600 * 1_000_000  # restarted with the clock ten minutes behind
+    locks, state = _node(tmp_path, now, clock)
+    state.start(locks)
+    after = locks.table.tokens.issue()
+    assert after > before
+
+
+def test_a_write_failure_is_logged_once_and_retried_later(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    now = [1_000_000_000]
+    locks, state = _node(tmp_path, now, Clock())
+    state.start(locks)
+    writes: List[State] = []
+
+    def failing(_: State) -> None:
+        writes.append(_)
+        raise OSError(28, "No space left on device")
+
+    state.directory.write = failing  # type: ignore[method-assign]
+    now[0] += 2 * MARK_LEAD
+    for _ in range(100):
+        locks.table.tokens.issue()
+    assert len(writes) == 1  # not one write per grant
+
+
+def test_saved_locks_keep_their_wall_clock_deadline(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    now = [1_000_000_000_000]
+    clock = Clock()
+    locks, state = _node(tmp_path, now, clock)
+    state.start(locks)
+    locks.installHolder(b"long", 11, 30.0)
+    locks.installHolder(b"short", 12, 5.0)
+    assert state.stopped(locks, keepLocks=True) == 2
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    now[0] += 10 * 1_000_000  # down for ten seconds
+    clock = Clock()
+    locks, state = _node(tmp_path, now, clock)
+    assert state.start(locks) == (1, 1)
+    assert locks.table.tokenOf(b"long") == 11 and locks.table.tokenOf(b"short") is None
+    assert locks.table.expiresAt(b"long") == pytest.approx(20.0)
+    # The table left the file at this start: a crash now brings nothing back.
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    locks, state = _node(tmp_path, now, Clock())
+    assert state.start(locks) == (0, 0)
+
+
+def test_a_clock_behind_does_not_lengthen_a_saved_lease(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    now = [1_000_000_000_000]
+    locks, state = _node(tmp_path, now, Clock())
+    state.start(locks)
+    locks.installHolder(b"k", 11, 30.0)
+    state.stopped(locks, keepLocks=True)
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    now[0] -= 600 * 1_000_000
+    locks, state = _node(tmp_path, now, Clock())
+    state.start(locks)
+    assert locks.table.expiresAt(b"k") == pytest.approx(30.0)
+
+
+# -- a clock behind the tokens (without --state-dir) ------------------------------------
+
+def test_clock_behind_warns_only_well_behind_and_never_with_a_mark() -> None:
+    tokens = TokenIssuer(lambda: 0)
+    tokens.observe(100_000_000)
+    assert clockBehind(tokens, 96_000_000) is None
+    warning = clockBehind(tokens, 40_000_000)
+    assert warning is not None and "60 s behind" in warning and "--state-dir" in warning
+    durable = DurableTokens(lambda: 0, 100_000_000, 0, lambda token: None)
+    assert clockBehind(durable, 40_000_000) is None
+
+
+def test_clock_watch_logs_once_each_way() -> None:
+    from twisted.logger import globalLogPublisher
+
+    seen: List[str] = []
+
+    def observer(event: dict) -> None:
+        if event.get("log_namespace", "").startswith("lockservice.state"):
+            seen.append(event.get("why") or event["log_format"])
+
+    clock = Clock()
+    now = [1000 * 1_000_000]
+    tokens = TokenIssuer(lambda: now[0])
+    watch = ClockWatch(clock, lambda: tokens, lambda: now[0])
+    globalLogPublisher.addObserver(observer)
+    try:
+        watch.startService()
+        tokens.observe(now[0] + 600 * 1_000_000)  # a peer ten minutes ahead
+        for _ in range(5):
+            clock.advance(watch.interval)
+        assert len(seen) == 1 and "600 s behind" in seen[0]
+        assert watch.warning == seen[0]
+        now[0] += 700 * 1_000_000
+        for _ in range(5):
+            clock.advance(watch.interval)
+        assert len(seen) == 2 and watch.warning is None
+        watch.stopService()
+        assert not clock.getDelayedCalls()
+    finally:
+        globalLogPublisher.removeObserver(observer)
+
+
+def test_status_shows_one_clock_warning() -> None:
+    """
+    /status has one C{clock_warning}: the cluster's suspicion of its own
+    clock (a peer far ahead) when there is one, else a clock behind the
+    tokens.
+    """
+    import time
+    from types import SimpleNamespace
+
+    from lockservice.server.http import status
+
+    locks = LockService(Clock(), lambda: 0)
+    assert status(locks, None)["clock_warning"] is None
+    locks.observeToken(time.time_ns() // 1000 + 60 * 1_000_000)
+    assert "60 s behind" in status(locks, None)["clock_warning"]
+    cluster = SimpleNamespace(myEntry=b"a:1", peers=[b"a:1"], term=0, views={}, lastHeard={},
+                              activeAddress=lambda: None, clockSuspect="a peer is 2.0 h ahead")
+    assert status(locks, cluster)["clock_warning"] == "a peer is 2.0 h ahead"  # type: ignore[arg-type]
+
+
+def test_a_crash_loop_moves_tokens_ahead_by_about_a_second_per_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    A node that crashes right after each first grant (systemd restarting
+    it): its tokens must not run ten minutes further ahead of the clock at
+    every restart, or six restarts would put them beyond the hour its
+    peers accept.
+    """
+    now = [1796162733994761]
+    first = None
+    for _ in range(20):
+        locks, state = _node(tmp_path, now, Clock())
+        state.start(locks)
+        token = locks.table.tokens.issue()
+        first = first or token
+        os.close(state.directory._lock)  # type: ignore[arg-type]  (kill -9)
+        now[0] += 1000
+    assert token - now[0] < MARK_LEAD + 21 * 1_000_000
+
+
+def test_a_graceful_stop_records_the_exact_highest_token(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    now = [1796162733994761]
+    locks, state = _node(tmp_path, now, Clock())
+    state.start(locks)
+    before = locks.table.tokens.issue()
+    assert state.stopped(locks, keepLocks=False) == 0
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    locks, state = _node(tmp_path, now, Clock())
+    state.start(locks)
+    assert locks.table.tokens.last == before  # not ten minutes ahead
+    assert locks.table.tokens.issue() > before
