@@ -55,6 +55,28 @@ def nothingBuffered(transport: Any) -> bool:
     )
 
 
+def sendNow(sock: Any, transport: Any, data: bytes) -> bool:
+    """
+    Send C{data} straight to C{sock} (L{plainSocket} of C{transport}, or
+    None) when nothing is buffered (L{nothingBuffered}); what the kernel
+    does not take, and everything when something is buffered, goes through
+    C{transport.write()}, in order.  Both writers use it: the client
+    protocol's answers and the replication stream.
+
+    @return: True when the kernel took all of C{data}.
+    """
+    if sock is not None and nothingBuffered(transport):
+        try:
+            sent = sock.send(data)
+        except OSError:
+            sent = 0  # BlockingIOError, or an error the transport finds itself
+        if sent == len(data):
+            return True
+        data = data[sent:]
+    transport.write(data)
+    return False
+
+
 def pendingTimedCalls(reactor: Any) -> Optional[List[Any]]:
     """
     Every scheduled call of C{reactor}, including those not yet moved into

@@ -143,8 +143,8 @@ def test_entries_left_behind_by_renewals_do_not_pile_up() -> None:
     for _ in range(20000):
         locks.renew(b"k", token, 30, lambda line: None)
         clock.advance(0.001)
-    assert locks._leaseEntries <= 2 * len(locks.table) + 4096
-    assert len(locks._leaseBuckets) <= 4096 + 2
+    assert locks.leases.entries <= 2 * len(locks.table) + 4096
+    assert len(locks.leases.buckets) <= 4096 + 2
     clock.advance(30)
     assert [k for k, _ in expiries.seen] == [b"k"]
 
@@ -160,23 +160,23 @@ def test_a_crowded_millisecond_is_scanned_once_and_expires_in_order(monkeypatch)
     for key in reversed(keys):
         assert acquire(locks, conn, key, 5)
     scanned: List[int] = []
-    original = locks._bucketKeys
+    original = locks.leases.bucketEntries
 
-    def counting(bucket: int) -> List[bytes]:
+    def counting(bucket: int) -> List[Tuple[bytes, int]]:
         found = original(bucket)
         scanned.append(len(found))
         return found
 
-    monkeypatch.setattr(locks, "_bucketKeys", counting)
+    monkeypatch.setattr(locks.leases, "bucketEntries", counting)
     turns: List[int] = []
-    fire = locks._leaseAlarm.fire
+    fire = locks.alarm.fire
 
     def counted(at: float) -> None:
         before = len(expiries.seen)
         fire(at)
         turns.append(len(expiries.seen) - before)
 
-    locks._leaseAlarm.fire = counted
+    locks.alarm.fire = counted
     clock.advance(5)
     assert turns == [1000] * 20  # one turn's budget each
     assert [k for k, _ in expiries.seen] == keys
@@ -195,8 +195,8 @@ def test_a_pause_in_handing_off_keeps_the_leases_filed() -> None:
     assert acquire(locks, conn, b"soon", 1)
     assert acquire(locks, conn, b"later", 3)
     refiled: List[int] = []
-    rebuild = locks._armAllLeases
-    locks._armAllLeases = lambda: (refiled.append(1), rebuild())  # type: ignore[method-assign]
+    rebuild = locks._fileAllLeases
+    locks._fileAllLeases = lambda: (refiled.append(1), rebuild())  # type: ignore[method-assign]
     locks.setRole(HANDING_OFF, None)
     assert not clock.getDelayedCalls()
     locks.installHolder(b"merged", 10**9, 1.5)  # a heal's merge while frozen
@@ -218,7 +218,7 @@ def test_a_standby_files_no_leases_and_refiles_all_when_promoted() -> None:
     assert acquire(locks, conn, b"k", 1)
     locks.setRole(HANDING_OFF, None)
     locks.setRole(STANDBY, None)
-    assert locks._leaseEntries == 0 and not clock.getDelayedCalls()
+    assert locks.leases.entries == 0 and not clock.getDelayedCalls()
     locks.installHolder(b"mirrored", 10**9, 2)
     clock.advance(5)
     assert expiries.seen == []

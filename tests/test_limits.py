@@ -290,7 +290,7 @@ def test_a_closed_connection_is_withdrawn_in_chunks_and_passed_by() -> None:
     assert table.waiterCount == 0
     for _ in range(count // CHUNK_BUDGET):
         node.clock.advance(0)
-    assert not node.service._chores  # every dead waiter withdrawn
+    assert not node.service.chores.pending  # every dead waiter withdrawn
     assert node.service.stats.grants == 2
 
 
@@ -310,7 +310,7 @@ def test_dead_runs_between_live_waiters_are_never_granted() -> None:
     assert b.ask(b"R k " + granted[2]) == b"R k OK\n"
     assert c.take().startswith(b"A k ")
     assert node.service.table.waiterCount == 0
-    while node.service._chores:
+    while node.service.chores.pending:
         node.clock.advance(0)
     assert node.service.stats.grants == 3
 

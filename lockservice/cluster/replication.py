@@ -39,7 +39,7 @@ from zope.interface import implementer
 
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
-from lockservice.internals import flushToKernel, nothingBuffered
+from lockservice.internals import flushToKernel, sendNow
 
 if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
@@ -61,17 +61,8 @@ def writeNow(channel: PeerChannel, data: bytes) -> None:
     encrypted bytes).  Either way a kill -9 right after cannot lose it.
     """
     transport: Any = channel.transport
-    sock = channel.socket
-    if sock is not None and nothingBuffered(transport):
-        try:
-            sent = sock.send(data)
-        except OSError:
-            sent = 0  # the transport finds the error itself
-        if sent == len(data):
-            return
-        data = data[sent:]
-    transport.write(data)
-    flushToKernel(transport)
+    if not sendNow(channel.socket, transport, data):
+        flushToKernel(transport)
 
 
 def _us(seconds: float) -> int:

@@ -1,12 +1,13 @@
 # -*- test-case-name: tests.test_protocol -*-
 """
-The client line protocol: parse a line, ask the service, write the answer.
+The client line protocol: parse a line, ask the service, write the answer;
+backpressure and the per-iteration read budget.  Who may connect and who
+is closed for STALE floods is decided in L{lockservice.server.admission}.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from math import inf
+from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer
@@ -17,7 +18,23 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from lockservice.core import wire
-from lockservice.internals import nothingBuffered, plainSocket
+from lockservice.internals import plainSocket, sendNow
+from lockservice.server.admission import (  # noqa: F401 (re-exported for the tests)
+    ADDRESS_FLOOD,
+    ADDRESS_PENALTY,
+    ADDRESS_STALE_BURST,
+    ADDRESS_STALE_RATE,
+    ADDRESS_TABLE_SIZE,
+    ADMITTED,
+    PEER_GRACE,
+    PEER_RESERVE,
+    PROBATION,
+    REFUSED,
+    STALE_LIMIT,
+    STALE_WINDOW,
+    Admission,
+    StaleWindow,
+)
 from lockservice.server.service import LockService, PendingAcquire
 from lockservice.tcp import noDelay
 
@@ -43,14 +60,6 @@ class PeerHandler(Protocol):
 PeerAcceptor = Callable[[Any, bytes], PeerHandler]
 
 
-# Peers share the client port.  When --max-connections client connections
-# are open, a new connection is admitted "on probation" (at most
-# PEER_RESERVE of them at once): it stays only if its first line, sent
-# within PEER_GRACE seconds, is a peer HELLO.  A full node thus still
-# accepts its peers, and idle strangers cannot pile up.
-PEER_RESERVE = 64
-PEER_GRACE = 2.0
-
 # Client input handled per reactor iteration, all connections together:
 # past it, a connection's input waits (unread in the kernel) for the next
 # iteration.  Without it, 50 connections each delivering 64 KiB of
@@ -60,23 +69,6 @@ PEER_GRACE = 2.0
 READ_BUDGET = 256 * 1024
 RESET_AFTER = 32 * 1024
 
-# A connection collecting more than STALE_LIMIT STALE answers (R or N)
-# within STALE_WINDOW seconds is guessing tokens: it is closed.
-STALE_LIMIT = 100
-STALE_WINDOW = 1.0
-
-# The same rule per source address, across all its connections (a guesser
-# could otherwise open a new connection per 100 guesses): a token bucket of
-# ADDRESS_STALE_RATE STALE answers a second (ADDRESS_STALE_BURST at most at
-# once).  An address that runs it dry is penalized for ADDRESS_PENALTY
-# seconds: every R or N it sends meanwhile closes its connection unanswered
-# and unexecuted.  At most ADDRESS_TABLE_SIZE addresses are tracked (the
-# least recently seen is forgotten first), so memory stays bounded.
-ADDRESS_STALE_RATE = 100.0
-ADDRESS_STALE_BURST = 100.0
-ADDRESS_PENALTY = 10.0
-ADDRESS_TABLE_SIZE = 65_536
-
 # Backpressure also counts what the transport does not see: answers held
 # back for send order (behind an earlier acquire of the same key), and the
 # connection's acquires still queued.  Past either bound the connection is
@@ -84,7 +76,7 @@ ADDRESS_TABLE_SIZE = 65_536
 MAX_HELD_BACK_BYTES = 256 * 1024
 MAX_QUEUED_ACQUIRES = 100_000
 
-_ADMITTED, _PROBATION, _REFUSED = "admitted", "probation", "refused"
+_ADMITTED, _PROBATION, _REFUSED = ADMITTED, PROBATION, REFUSED
 
 
 @implementer(IHalfCloseableProtocol, IPushProducer)
@@ -130,7 +122,7 @@ class LockProtocol(LineOnlyReceiver):
         self._producing = False
         self._admission = _ADMITTED
         self._probation: Optional[IDelayedCall] = None
-        self._staleTimes: Optional[Deque[float]] = None
+        self._staleWindow: Optional[StaleWindow] = None
         self.name = "?"
         # The peer's host (the key of the per-address STALE budget).
         self.host = "?"
@@ -159,7 +151,7 @@ class LockProtocol(LineOnlyReceiver):
         self._socket = plainSocket(self.transport)
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         self._producing = True
-        self._admission = self.factory.admit()
+        self._admission = self.factory.admission.admit(len(service.connections))
         if self._admission == _ADMITTED:
             service.connections.add(self)
             service.stats.connections += 1
@@ -180,7 +172,7 @@ class LockProtocol(LineOnlyReceiver):
 
     def _leaveProbation(self) -> None:
         if self._admission == _PROBATION:
-            self.factory.probation -= 1
+            self.factory.admission.probation -= 1
             self._admission = _REFUSED
             if self._probation is not None and self._probation.active():
                 self._probation.cancel()
@@ -254,7 +246,7 @@ class LockProtocol(LineOnlyReceiver):
         if self._batch is not None:
             self._batch.append(data)
             return
-        turn = self.service.turn
+        turn = self.service.answers.current
         if turn is not None:
             self._batch = [data]
             turn.append(self)
@@ -271,20 +263,9 @@ class LockProtocol(LineOnlyReceiver):
 
     def _send(self, data: bytes) -> None:
         # When nothing is buffered we send at once and hand only what the
-        # kernel did not take to the transport (see internals.nothingBuffered).
-        # The service checked its beforeAnswer hooks (replication) first.
-        transport: Any = self.transport
-        if self._socket is not None and nothingBuffered(transport):
-            try:
-                sent = self._socket.send(data)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                sent = 0  # the transport will find the error and close
-            if sent == len(data):
-                return
-            data = data[sent:]
-        transport.write(data)
+        # kernel did not take to the transport (see internals.sendNow).
+        # The answer turn let replication go first.
+        sendNow(self._socket, self.transport, data)
 
     # -- reading ---------------------------------------------------------
 
@@ -353,7 +334,7 @@ class LockProtocol(LineOnlyReceiver):
                 self.peer = acceptPeer(self.transport, line)
                 return
             if self._admission == _PROBATION:
-                if len(self.service.connections) >= self.factory.maxConnections:
+                if self.factory.admission.full(len(self.service.connections)):
                     self._refuse()
                     return
                 self._leaveProbation()
@@ -393,17 +374,14 @@ class LockProtocol(LineOnlyReceiver):
         if answer[-7:] != b" STALE\n":
             return
         now = self.service.clock.seconds()
-        times = self._staleTimes
-        if times is None:
-            times = self._staleTimes = deque(maxlen=STALE_LIMIT + 1)
-        times.append(now)
-        if len(times) > STALE_LIMIT and now - times[0] < STALE_WINDOW:
+        window = self._staleWindow
+        if window is None:
+            window = self._staleWindow = StaleWindow()
+        admission = self.factory.admission
+        flood = admission.stale(window, self.host, now)
+        if flood is not None:
             self.service.stats.staleFloods += 1
-            self.factory.staleFlood(self)
-            self._close()
-        elif not self.factory.spendStale(self.host, now):
-            self.service.stats.staleFloods += 1
-            self.factory.staleFlood(self, address=True)
+            admission.staleFlood(self, now, address=flood == ADDRESS_FLOOD)
             self._close()
 
     def _guessing(self, op: bytes, key: bytes) -> bool:
@@ -411,7 +389,7 @@ class LockProtocol(LineOnlyReceiver):
         Refuse an R or N from an address serving a STALE-flood penalty: the
         connection is told so and closed; the request is not executed.
         """
-        if not self.factory.penalized(self.host, self.service.clock.seconds()):
+        if not self.factory.admission.penalized(self.host, self.service.clock.seconds()):
             return False
         self.service.stats.staleFloods += 1
         self.write(wire.BadRequest(op, key, "too many STALE answers from this address").answer())
@@ -575,71 +553,20 @@ class LockFactory(Factory):
                  maxConnections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         self.service = service
         self.peerAcceptor = peerAcceptor
-        self.maxConnections = maxConnections
-        self.probation = 0
         self.readBudget = ReadBudget(service.clock)
-        self._staleLoggedAt = -inf
-        # Per source address: [tokens left, last refill, penalized until].
-        self._staleBudgets: "OrderedDict[str, List[float]]" = OrderedDict()
+        self.admission = Admission(maxConnections, acceptsPeers=peerAcceptor is not None)
 
-    def spendStale(self, host: str, now: float) -> bool:
-        """
-        Take one STALE answer from C{host}'s budget.
+    @property
+    def maxConnections(self) -> int:
+        return self.admission.maxConnections
 
-        @return: False when the budget ran dry: C{host} is penalized now.
-        """
-        budgets = self._staleBudgets
-        budget = budgets.get(host)
-        if budget is None:
-            budget = budgets[host] = [ADDRESS_STALE_BURST, now, -inf]
-            if len(budgets) > ADDRESS_TABLE_SIZE:
-                budgets.popitem(last=False)
-        else:
-            budgets.move_to_end(host)
-            budget[0] = min(ADDRESS_STALE_BURST,
-                            budget[0] + (now - budget[1]) * ADDRESS_STALE_RATE)
-            budget[1] = now
-        if budget[0] >= 1.0:
-            budget[0] -= 1.0
-            return True
-        budget[2] = now + ADDRESS_PENALTY
-        return False
+    @maxConnections.setter
+    def maxConnections(self, value: int) -> None:
+        self.admission.maxConnections = value
 
-    def penalized(self, host: str, now: float) -> bool:
+    @property
+    def probation(self) -> int:
         """
-        Whether C{host} ran its STALE budget dry within the last
-        C{ADDRESS_PENALTY} seconds.
+        Connections on probation now (see L{Admission}).
         """
-        budget = self._staleBudgets.get(host)
-        return budget is not None and now < budget[2]
-
-    def admit(self) -> str:
-        """
-        Decide on a new connection: admitted, on probation (the node is
-        full, but it may be a peer), or refused.
-        """
-        if len(self.service.connections) < self.maxConnections:
-            return _ADMITTED
-        if self.peerAcceptor is not None and self.probation < PEER_RESERVE:
-            self.probation += 1
-            return _PROBATION
-        return _REFUSED
-
-    def staleFlood(self, conn: LockProtocol, address: bool = False) -> None:
-        # At most one log line a minute: the closing itself is counted.
-        now = self.service.clock.seconds()
-        if now - self._staleLoggedAt >= 60:
-            self._staleLoggedAt = now
-            if address:
-                self.log.warn("closed {peer}: its address {host} collected more than {rate:g} "
-                              "STALE answers a second over its connections (guessing tokens?); "
-                              "its R and N requests are refused for {penalty:g} s; further "
-                              "closes are counted in "
-                              "lockservice_rejected_total{{limit=\"stale_flood\"}}",
-                              peer=conn.name, host=conn.host, rate=ADDRESS_STALE_RATE,
-                              penalty=ADDRESS_PENALTY)
-                return
-            self.log.warn("closed {peer}: more than {limit} STALE answers within {window:g} s "
-                          "(guessing tokens?); further closes are counted in "
-                          "lockservice_rejected_total{{limit=\"stale_flood\"}}",
-                          peer=conn.name, limit=STALE_LIMIT, window=STALE_WINDOW)
+        return self.admission.probation

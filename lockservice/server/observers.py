@@ -1,0 +1,105 @@
+# -*- test-case-name: tests.test_monitor -*-
+"""
+The fan-out of the service's changes to whoever watches them: change
+observers (replication, metrics: what the table now holds) and activity
+observers (the operator's view: who queued, waited, held and let go).
+
+An observer's bug must not leave the table half-updated or a client
+unanswered: each call is guarded, and a failure is reported to the
+service's internal-error counter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, List, Optional, Protocol
+
+from lockservice.server.monitor import ActivityObserver, Named
+
+
+class ChangeObserver(Protocol):
+    """
+    Told of every change to the held keys (replication, metrics), before
+    the client concerned is answered.
+    """
+
+    def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
+                waited: float) -> None:
+        """
+        C{key} was granted to C{token} at C{grantedAt} until C{expiresAt}
+        (monotonic seconds) after C{waited} seconds in the queue.
+        """
+
+    def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
+        """
+        The grant C{token} of C{key} (granted at C{grantedAt}) now runs
+        until C{expiresAt}.
+        """
+
+    def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
+        """
+        The grant C{token} of C{key} ended after C{heldFor} seconds: released,
+        or C{expired}.
+        """
+
+
+class Observers:
+    """
+    The two lists of observers, and one guarded call per observer and
+    change.
+
+    @ivar changes: the change observers, in the order they were added.
+    @ivar activity: the activity observers.
+    """
+
+    def __init__(self, failed: Callable[[str], None]) -> None:
+        """
+        @param failed: called (inside the C{except}) with where an observer
+            raised.
+        """
+        self.changes: List[ChangeObserver] = []
+        self.activity: List[ActivityObserver] = []
+        self._failed = failed
+
+    def _notify(self, method: Callable[..., object], *args: object) -> None:
+        try:
+            method(*args)
+        except Exception:
+            self._failed(f"observer {getattr(method, '__qualname__', method)}")
+
+    def granted(self, now: float, key: bytes, token: int, expiresAt: float, waited: float,
+                waiter: Any, conn: Named) -> None:
+        for observer in self.changes:
+            self._notify(observer.granted, key, token, now, expiresAt, waited)
+        if self.activity:
+            owner = conn.name  # the connection the table keeps with the grant
+            for watcher in self.activity:
+                self._notify(watcher.granted, now, key, token, owner, waiter, waited, conn)
+
+    def renewed(self, now: float, key: bytes, token: int, grantedAt: float, expiresAt: float,
+                owner: Callable[[], Optional[str]]) -> None:
+        for observer in self.changes:
+            self._notify(observer.renewed, key, token, grantedAt, expiresAt)
+        if self.activity:
+            name = owner()
+            for watcher in self.activity:
+                self._notify(watcher.renewed, now, key, token, name, expiresAt)
+
+    def dropped(self, now: float, key: bytes, token: int, heldFor: float, expired: bool,
+                owner: Optional[str]) -> None:
+        for observer in self.changes:
+            self._notify(observer.dropped, key, token, heldFor, expired)
+        for watcher in self.activity:
+            self._notify(watcher.dropped, now, key, token, owner, heldFor, expired)
+
+    def queued(self, now: float, waiter: Any) -> None:
+        for watcher in self.activity:
+            self._notify(watcher.queued, now, waiter)
+
+    def waitEnded(self, now: float, waiter: Any, reason: str) -> None:
+        for watcher in self.activity:
+            self._notify(watcher.waitEnded, now, waiter, reason)
+
+    def roleChanged(self, now: float, role: str,
+                    holders: Callable[[], Iterable[Any]]) -> None:
+        for watcher in self.activity:
+            self._notify(watcher.roleChanged, now, role, holders())

@@ -1,0 +1,212 @@
+# -*- test-case-name: tests.test_cluster_unit -*-
+"""
+The answer turn: the answers a turn of requests or timers produces are
+gathered per connection and sent together at its end, once replication
+allows.
+
+A turn's changes are handed on through one small interface, L{Gate}:
+C{publish()} hands on what changed so far and says which position of the
+stream of changes the gathered answers depend on; C{reached()} says up to
+which position answers may go out now.  Today that is "handed to the
+standbys' sockets" (L{HookGate}, over the cluster's C{beforeAnswerHooks});
+acknowledged replication makes it "acknowledged up to that position"
+without changing this module: answers wait, in order, until their position
+is reached.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple
+
+from lockservice.server.waiters import AnswerSink
+
+# While answers are held (a standby has not taken the changes yet), how
+# often to look again.
+HOLD_RETRY = 0.001
+
+
+class Gate(Protocol):
+    """
+    What answers wait for: replication of the changes they report.
+    """
+
+    def needed(self) -> bool:
+        """
+        Whether answers wait for anything at all (False on a single node:
+        they go out at once).
+        """
+
+    def publish(self) -> int:
+        """
+        Hand on every change made so far.
+
+        @return: the stream position answers gathered so far wait for.
+        """
+
+    def reached(self) -> int:
+        """
+        The stream position up to which answers may go out now (it may try
+        again to hand changes on first).
+        """
+
+
+class HookGate:
+    """
+    The gate over C{beforeAnswerHooks}: callables that hand the changes on
+    (the cluster writes its replication stream to the standbys) and return
+    False while a standby has not taken them yet.  A position is reached
+    once every hook agreed after it was published.
+    """
+
+    def __init__(self) -> None:
+        self.hooks: List[Callable[[], Optional[bool]]] = []
+        self._published = 0
+        self._reached = 0
+
+    def needed(self) -> bool:
+        return bool(self.hooks)
+
+    def _run(self) -> bool:
+        ready = True
+        for hook in self.hooks:
+            if hook() is False:
+                ready = False
+        return ready
+
+    def publish(self) -> int:
+        self._published += 1
+        if self._run():
+            self._reached = self._published
+        return self._published
+
+    def reached(self) -> int:
+        if self._reached < self._published and self._run():
+            self._reached = self._published
+        return self._reached
+
+
+class AnswerTurn:
+    """
+    Gathers the answers of one turn and releases them when the gate allows.
+
+    @ivar current: the connections whose answers are being gathered in
+        this turn (in the order they first answered), or None between
+        turns.
+    @ivar onOpen: called when a turn begins (the cluster checks there that
+        this process has not just been frozen).
+    """
+
+    def __init__(self, clock: Any, gate: HookGate, failed: Callable[[str], None]) -> None:
+        self.clock = clock
+        self.gate = gate
+        self._failed = failed
+        self.current: Optional[List[AnswerSink]] = None
+        self.onOpen: List[Callable[[], None]] = []
+        self._endOfTurn: Any = None
+        # Connections whose answers wait for a stream position, in order,
+        # and the call that looks again.
+        self._held: Deque[Tuple[int, AnswerSink]] = deque()
+        self._retry: Any = None
+        self._position = 0  # the last position published
+
+    def open(self) -> bool:
+        """
+        Start gathering answers: until L{close}, what each connection is
+        told is collected and sent in one write per connection.
+
+        @return: True when this call opened the turn (and must close it).
+        """
+        if self.current is not None:
+            return False
+        for hook in self.onOpen:
+            hook()
+        self.current = []
+        return True
+
+    def closeSoon(self) -> None:
+        """
+        Close the turn once the reactor has handled every connection that
+        was ready in this iteration (a C{callLater(0)} runs right after
+        them, before the reactor waits again).
+
+        Only when answers wait for the gate (replication to standbys): then
+        one write per standby carries the changes of all those connections,
+        instead of one per connection.  A single node answers at once.
+        """
+        if not self.gate.needed():
+            self.close()
+        elif self._endOfTurn is None:
+            self._endOfTurn = self.clock.callLater(0, self.close)
+
+    def close(self) -> None:
+        """
+        Send every connection the answers gathered since L{open} (or hold
+        them until the gate allows).
+        """
+        if self._endOfTurn is not None:
+            if self._endOfTurn.active():
+                self._endOfTurn.cancel()
+            self._endOfTurn = None
+        turn, self.current = self.current, None
+        gate = self.gate
+        if gate.needed():
+            # Also for a turn that made changes but answers nobody (an
+            # expiry with no waiter): they must not wait for a later answer.
+            position = self._position = gate.publish()
+            if self._held or gate.reached() < position:
+                for conn in turn or ():
+                    self._held.append((position, conn))
+                self._retrySoon()
+                return
+        self._send(turn or ())
+
+    def mayAnswerNow(self) -> bool:
+        """
+        Whether an answer given outside a turn may be sent at once: nothing
+        is held and the gate agrees.
+        """
+        if self._held:
+            return False
+        gate = self.gate
+        if not gate.needed():
+            return True
+        self._position = gate.publish()
+        return gate.reached() >= self._position
+
+    def hold(self, conn: AnswerSink) -> None:
+        """
+        Keep C{conn}'s gathered answers until the gate allows (after every
+        answer held before them).
+        """
+        self._held.append((self._position, conn))
+        self._retrySoon()
+
+    def _retrySoon(self) -> None:
+        if self._retry is None:
+            self._retry = self.clock.callLater(HOLD_RETRY, self._release)
+
+    def _release(self) -> None:
+        self._retry = None
+        held = self._held
+        gate = self.gate
+        if gate.needed():
+            # Changes made since (outside a turn) go out before these answers.
+            self._position = gate.publish()
+            upTo = gate.reached()
+        else:
+            upTo = self._position
+        ready = []
+        while held and held[0][0] <= upTo:
+            ready.append(held.popleft()[1])
+        if held:
+            self._retrySoon()
+        self._send(ready)
+
+    def _send(self, conns: Any) -> None:
+        for conn in conns:
+            try:
+                conn.flushAnswers()
+            except Exception:
+                self._failed("sending answers")
+

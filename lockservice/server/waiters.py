@@ -1,0 +1,149 @@
+# -*- test-case-name: tests.test_limits -*-
+"""
+Queued acquires as the service keeps them: the table's waiter plus where
+its answer goes, and the runs that let a gone connection's waiters be cut
+out of a queue in O(1).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Protocol
+
+from lockservice.core.table import LockTable, Waiter
+
+
+class AnswerSink(Protocol):
+    """
+    Where a queued acquire's answer goes (a client connection).
+
+    @ivar name: who the connection is: the name it sent with C{I}, else its
+        peer address.  The table keeps the connection itself with each
+        grant it holds, so its holders are shown by its current name.
+    """
+
+    name: str
+    # True once the client is gone: its waiters are withdrawn lazily, and
+    # a hand-over passes them by meanwhile.
+    gone: bool
+
+    def finish(self, waiter: "PendingAcquire", answer: bytes) -> None:
+        """
+        Answer C{waiter} (queued by this connection) with C{answer}.
+        """
+
+    def flushAnswers(self) -> None:
+        """
+        Send the answers gathered during the service's current turn.
+        """
+
+
+class Run:
+    """
+    Consecutive waiters of one connection in one key's queue (pipelined
+    acquires usually are): when that connection is gone and its run comes
+    up for a hand-over, the whole run is cut out of the queue in O(1).
+
+    @ivar last: its last waiter still linked in the queue.
+    @ivar count: how many of its waiters are still linked.
+    @ivar cut: True once the run was cut out: its waiters only wait for
+        their lazy withdrawal.
+    """
+
+    __slots__ = ("last", "count", "cut")
+
+    def __init__(self) -> None:
+        self.last: Optional[PendingAcquire] = None
+        self.count = 0
+        self.cut = False
+
+
+class PendingAcquire(Waiter):
+    """
+    A queued acquire: the table's waiter plus what is needed to answer it.
+
+    @ivar conn: the connection that asked (its C{name} says who waits).
+    @ivar deadline: (monotonic) time its wait runs out, 0 for no limit.
+    @ivar answer: the answer once decided (the connection may hold it back
+        to keep send order among equal keys).
+    """
+
+    __slots__ = ("conn", "deadline", "answer", "run")
+
+    def __init__(self, key: bytes, lease: float, conn: AnswerSink) -> None:
+        super().__init__(key, lease)
+        self.conn = conn
+        self.deadline = 0.0
+        self.answer: Optional[bytes] = None
+        self.run: Optional[Run] = None
+
+    def client(self) -> object:
+        return self.conn
+
+
+def joinRun(waiter: PendingAcquire) -> None:
+    """
+    C{waiter} was just queued: it extends its connection's run when the
+    waiter before it is that run's last, else it starts a run.
+    """
+    before = waiter.prev
+    if (isinstance(before, PendingAcquire) and before.conn is waiter.conn
+            and before.run is not None and before.run.last is before):
+        run = before.run
+    else:
+        run = Run()
+    run.last = waiter
+    run.count += 1
+    waiter.run = run
+
+
+def leaveRun(waiter: PendingAcquire, run: Run) -> None:
+    """
+    C{waiter} leaves its queue: call while it is still linked (its C{prev}
+    is still set).
+    """
+    run.count -= 1
+    if run.last is waiter:
+        before = waiter.prev
+        run.last = (before if isinstance(before, PendingAcquire) and before.run is run
+                    else None)
+
+
+def unqueue(table: LockTable, waiter: PendingAcquire) -> bool:
+    """
+    Take C{waiter} out of its queue (or, when its run was cut out already,
+    only mark it so): O(1).
+
+    @return: True if it was still waiting.
+    """
+    if not waiter.queued:
+        return False
+    run = waiter.run
+    if run is not None and run.cut:
+        waiter.queued = False
+        return True
+    if run is not None:
+        leaveRun(waiter, run)
+    return table.withdraw(waiter)
+
+
+def passGone(table: LockTable, key: bytes, withdraw: Callable[[PendingAcquire], None]) -> None:
+    """
+    Before a hand-over of C{key}: cut the runs of gone connections' waiters
+    out of the head of its queue (O(1) each), so that the key goes to the
+    first live waiter and never to a dead one.
+    """
+    queueOf = table.queueOf
+    queue = queueOf(key)
+    while queue is not None:
+        head = queue.head
+        if not isinstance(head, PendingAcquire) or not head.conn.gone:
+            return
+        run = head.run
+        if run is None or run.last is None:
+            withdraw(head)  # not in a run (never expected): one by one
+        else:
+            table.cut(key, head, run.last, run.count)
+            run.cut = True
+            run.count = 0
+            run.last = None
+        queue = queueOf(key)
