@@ -1286,6 +1286,17 @@ class LockTable:
         return [(token, grant.grantedAt, grant.expiresAt, share)
                 for token, grant in reversed(shared.grants.items())]
 
+    def shareOf(self, key: bytes, token: int) -> int:
+        """
+        How the grant C{token} of C{key} holds it (L{EXCLUSIVE}, L{READ} or
+        a semaphore's slots); L{EXCLUSIVE} for a key in the one-holder form.
+        """
+        slot = self._keys.get(key)
+        shared = self._sharedAt(slot) if slot is not None else None
+        if shared is None:
+            return EXCLUSIVE
+        return READ if shared.kind == READ_WRITE else shared.kind
+
     def leaseOf(self, key: bytes, token: int) -> Optional[float]:
         """
         When the grant C{token} of C{key} runs out, or None once it has
