@@ -428,6 +428,10 @@ class Model:
             if self.kind[key] not in (None, READ_WRITE):
                 assert len(shares) <= self.kind[key]  # type: ignore[operator]
         assert table.waiterCount == sum(len(q) for q in self.queue.values())
+        grants = sum(len(h) for h in self.holders.values())
+        assert grants <= table.grantCount() <= grants + len(table)
+        assert sorted(g[1] for g in table.everyGrant()) == sorted(
+            int(h[0]) for hs in self.holders.values() for h in hs.values())
         used = set(table._keys.values())
         free = set(table._free)
         assert not used & free and used | free == set(range(len(table._clients)))

@@ -539,6 +539,9 @@ class LockTable:
         # L{grantHead}), in FIFO order, and nothing overtakes them meanwhile
         # because a new acquire queues behind any waiter.
         self.pending: Dict[bytes, None] = {}
+        # Grants of keys held in shared form (see grantCount, which bounds
+        # the service's lease bookkeeping).
+        self.sharedGrants = 0
 
     # -- slots -------------------------------------------------------------
 
@@ -640,6 +643,7 @@ class LockTable:
             extra = _Extra(None)
             shared = extra.shared = _Shared(kind)
             shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+            self.sharedGrants += 1
             self._keys[key] = self._newSlot(token, now, expiresAt, extra)
             return Grant(key, token, expiresAt, None)
         extra = self._clients[slot]
@@ -656,6 +660,7 @@ class LockTable:
             token = self.tokens.issue()
             expiresAt = now + waiter.lease
             shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+            self.sharedGrants += 1
             if expiresAt < self._expires[slot]:
                 self._syncShared(slot, shared)
             return Grant(key, token, expiresAt, None)
@@ -679,6 +684,7 @@ class LockTable:
         if grant is None or (expiring and grant.expiresAt > now):
             return _NOT_HELD
         del shared.grants[token]
+        self.sharedGrants -= 1
         if shared.grants:
             self._syncShared(slot, shared)
             self._checkPending(key, extra)
@@ -723,6 +729,7 @@ class LockTable:
         if shared is None:
             shared = extra.shared = _Shared(READ_WRITE)
         shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+        self.sharedGrants += 1
         extra.client = None
         if not queue.length:
             extra.queue = None
@@ -781,6 +788,7 @@ class LockTable:
         self.waiterCount -= 1
         expiresAt = now + waiter.lease
         shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+        self.sharedGrants += 1
         if expiresAt < self._expires[slot]:
             self._syncShared(slot, shared)
         head = queue.head
@@ -1180,8 +1188,11 @@ class LockTable:
             if (shared is not None and share != EXCLUSIVE and shared.kind == kindOf(share)
                     and shared.fits(share)):
                 shared.add(token, _SharedGrant(grantedAt, expiresAt, None))
+                self.sharedGrants += 1
                 self._syncShared(slot, shared)
                 return
+            if shared is not None:
+                self.sharedGrants -= len(shared.grants)  # replaced
             if share == EXCLUSIVE:
                 assert type(extra) is _Extra
                 extra.shared = None
@@ -1192,6 +1203,7 @@ class LockTable:
                 return
         shared = _Shared(kindOf(share))
         shared.add(token, _SharedGrant(grantedAt, expiresAt, None))
+        self.sharedGrants += 1
         if slot is None:
             extra = _Extra(None)
             extra.shared = shared
@@ -1213,6 +1225,7 @@ class LockTable:
         shared = self._sharedAt(slot)
         if shared is not None:
             if shared.grants.pop(token, None) is not None:
+                self.sharedGrants -= 1
                 if shared.grants:
                     self._syncShared(slot, shared)
                 elif self._queueAt(slot) is None:
@@ -1273,6 +1286,70 @@ class LockTable:
         return [(token, grant.grantedAt, grant.expiresAt, share)
                 for token, grant in reversed(shared.grants.items())]
 
+    def shareOf(self, key: bytes, token: int) -> int:
+        """
+        How the grant C{token} of C{key} holds it (L{EXCLUSIVE}, L{READ} or
+        a semaphore's slots); L{EXCLUSIVE} for a key in the one-holder form.
+        """
+        slot = self._keys.get(key)
+        shared = self._sharedAt(slot) if slot is not None else None
+        if shared is None:
+            return EXCLUSIVE
+        return READ if shared.kind == READ_WRITE else shared.kind
+
+    def leaseOf(self, key: bytes, token: int) -> Optional[float]:
+        """
+        When the grant C{token} of C{key} runs out, or None once it has
+        ended (any grant, shared or not).
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        shared = self._sharedAt(slot)
+        if shared is None:
+            return self._expires[slot] if self._tokens[slot] == token else None
+        grant = shared.grants.get(token)
+        return grant.expiresAt if grant is not None else None
+
+    def holdingOf(self, key: bytes, token: int) -> Optional[Tuple[int, float, float, object]]:
+        """
+        L{holding} for the grant C{token} of C{key}, whichever of a shared
+        key's grants it is; None when C{token} does not hold the key.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        shared = self._sharedAt(slot)
+        if shared is None:
+            holding = self.holding(key)
+            return holding if holding is not None and holding[0] == token else None
+        grant = shared.grants.get(token)
+        if grant is None:
+            return None
+        return token, grant.grantedAt, grant.expiresAt, grant.client
+
+    def grantCount(self) -> int:
+        """
+        How many grants hold keys, at most (a shared key counts each of its
+        grants, and once more).
+        """
+        return len(self._keys) + self.sharedGrants
+
+    def everyGrant(self) -> Iterator[Tuple[bytes, int, float, float, int]]:
+        """
+        Every grant as C{(key, token, grantedAt, expiresAt, share)}, a shared
+        key's highest token first (the table must not change meanwhile).
+        """
+        tokens, granted, expires = self._tokens, self._granted, self._expires
+        clients = self._clients
+        for key, slot in self._keys.items():
+            extra = clients[slot]
+            if type(extra) is _Extra and extra.shared is not None:
+                for token, grantedAt, expiresAt, share in self.sharedGrantsOf(key):
+                    yield key, token, grantedAt, expiresAt, share
+            else:
+                yield key, tokens[slot], granted[slot], expires[slot], EXCLUSIVE
+
     def isShared(self, key: bytes) -> bool:
         """
         Whether C{key} is held in shared form (readers, or a semaphore):
@@ -1304,6 +1381,7 @@ class LockTable:
         Forget every holder and waiter (a fresh snapshot follows).
         """
         self.takeWaiters()
+        self.sharedGrants = 0
         self._keys.clear()
         self._tokens = array("Q")
         self._granted = array("d")
