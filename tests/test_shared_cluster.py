@@ -57,7 +57,7 @@ def checkStillHeld(port: int, tokens: List[int]) -> None:
     assert extra > max(tokens)
     # Every grant came across with its own token.
     with LineClient(port) as c:
-        for key, token in zip([b"rk"] * 3 + [b"sk"] * 2 + [b"rk"], tokens + [extra]):
+        for key, token in zip([b"rk"] * 3 + [b"sk"] * 2 + [b"rk"], tokens + [extra], strict=True):
             assert c.ask(b"R %s %d" % (key, token)) == b"R %s OK" % key
 
 

@@ -177,7 +177,7 @@ def test_each_grant_has_its_own_lease_and_expires_by_its_token() -> None:
     assert table.renew(b"k", a.token, 5.0, 11.0) is None
     assert table.expire(b"k", b.token, 21.0) == (True, None)
     with pytest.raises(StaleHolder):
-        holder.expiresAt
+        _ = holder.expiresAt
     assert len(table) == 0
 
 

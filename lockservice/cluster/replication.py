@@ -38,9 +38,9 @@ from twisted.internet.interfaces import IDelayedCall, IPullProducer
 from zope.interface import implementer
 
 from lockservice.cluster.peer import PeerChannel
+from lockservice.core.election import ACTIVE
 from lockservice.core.table import EXCLUSIVE, LockTable, fitTogether
 from lockservice.core.wire import formatShare, parseShare
-from lockservice.core.election import ACTIVE
 from lockservice.internals import flushToKernel, sendNow
 
 if TYPE_CHECKING:

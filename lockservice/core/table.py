@@ -640,15 +640,13 @@ class LockTable:
         if slot is None:
             token = self.tokens.issue()
             expiresAt = now + waiter.lease
-            extra = _Extra(None)
-            shared = extra.shared = _Shared(kind)
-            shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+            fresh = _Extra(None)
+            created = fresh.shared = _Shared(kind)
+            created.add(token, _SharedGrant(now, expiresAt, waiter.client()))
             self.sharedGrants += 1
-            self._keys[key] = self._newSlot(token, now, expiresAt, extra)
+            self._keys[key] = self._newSlot(token, now, expiresAt, fresh)
             return Grant(key, token, expiresAt, None)
-        extra = self._clients[slot]
-        if type(extra) is not _Extra:
-            extra = self._clients[slot] = _Extra(extra)
+        extra = self._extraAt(slot)
         shared = extra.shared
         held = shared.kind if shared is not None else READ_WRITE
         if held != kind:

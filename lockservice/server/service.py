@@ -29,8 +29,8 @@ from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.table import (
     Grant,
     HandOverFailed,
-    ShareMismatch,
     LockTable,
+    ShareMismatch,
     TokenExhausted,
     TokenIssuer,
     Waiter,
