@@ -114,8 +114,14 @@ def mergeShared(locks: Any, key: bytes, token: int, share: int, remaining: float
     """
     table: LockTable = locks.table
     ours = table.sharedGrantsOf(key)
-    if any(held == token for held, _, _, _ in ours):
-        return False, []  # the same grant: the deadline rule is the caller's
+    for held, _, expiresAt, _ in ours:
+        if held == token:
+            # The same grant on both sides: the later deadline wins (a
+            # renewal answered there), as for an exclusive grant.
+            if locks.clock.seconds() + remaining <= expiresAt + RENEWAL_SLACK:
+                return False, []
+            locks.installHolder(key, token, remaining, age, share)
+            return True, []
     kept = set(fitTogether([(held, s) for held, _, _, s in ours] + [(token, share)]))
     if token not in kept:
         return False, []
@@ -457,7 +463,7 @@ class Stream:
             except (IndexError, ValueError):
                 cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
                 continue
-            if shared and held != token:
+            if shared:
                 if token > limit:
                     cluster.plausible(j, token, "token")
                 elif not releasedHere(key, token):
