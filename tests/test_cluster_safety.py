@@ -163,7 +163,7 @@ def test_wrong_secret_is_reported_once_and_never_a_second_active(tmp_path, clust
     and does not serve next to the real active.
     """
     bad = tmp_path / "bad"
-    bad.write_text("wrong")
+    bad.write_text("a-wrong-secret-but-long-enough")
     c = cluster(2, start=False)
     node0, node1 = c.nodes
     http = freePort()
