@@ -270,3 +270,36 @@ def assertNoDoubleHolds(spans: List[Tuple[float, float, int]], killedAt: float) 
         if e2 > e1:
             latest = span
     assert any(s > killedAt for s, _, _ in spans)
+
+
+def test_read_locks_and_semaphores_end_to_end(spawn) -> None:  # type: ignore[no-untyped-def]
+    from tests.test_client_tooz import nodeSharesKeys
+
+    node = spawn()
+    client = sync.connect(node.address)
+    try:
+        if not nodeSharesKeys(node.port):
+            # A node before shared keys (issue 22) refuses the fifth field.
+            with pytest.raises(sync.LockRejected):
+                client.readLock("shared/r", 10, 1)
+            return
+        readers = [client.readLock("shared/r", 10, 1) for _ in range(3)]
+        assert [r.share for r in readers] == ["r"] * 3
+        assert len({r.token for r in readers}) == 3
+        with pytest.raises(sync.LockTimeout):
+            client.writeLock("shared/r", 10, 0.3)
+        for r in readers:
+            assert r.release() is True
+        writer = client.writeLock("shared/r", 10, 1)
+        assert writer.token > max(r.token for r in readers)
+        writer.release()
+        slots = [client.semaphore("shared/s", 2, 10, 1) for _ in range(2)]
+        with pytest.raises(sync.LockTimeout):
+            client.semaphore("shared/s", 2, 10, 0.3)
+        with pytest.raises(sync.LockRejected):
+            client.semaphore("shared/s", 3, 10, 0.3)     # the kind does not match
+        assert slots[0].renew() is True
+        for s in slots:
+            assert s.release() is True
+    finally:
+        client.close()

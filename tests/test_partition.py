@@ -147,6 +147,88 @@ def test_half_second_of_resets_promotes_nobody(lab) -> None:  # type: ignore[no-
         assert "promoted" not in node.tail(10000), node.name
 
 
+# -- the lab itself (issue 21 item 12) -----------------------------------------
+
+
+def leftovers(lab: netns.Lab) -> List[str]:
+    """
+    What of C{lab} exists on the host: namespaces, links, the FORWARD rule.
+    """
+    def out(*cmd: str) -> str:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    found = [ns for ns in out("ip", "netns", "list").split() if ns in lab.namespaces]
+    links = out("ip", "-o", "link", "show")
+    found += [name for name in [lab.bridge, *lab.veths] if f" {name}:" in links
+              or f" {name}@" in links]
+    found += [rule for rule in out("iptables", "-S", "FORWARD").splitlines()
+              if f"-i {lab.bridge} " in rule]
+    return found
+
+
+def test_concurrent_labs_get_their_own_names() -> None:
+    """
+    Two labs open at once (here in one process, where the old
+    C{100 + pid % 150} gave both the same id and the second open removed
+    the first) and one in another process: all names and subnets differ,
+    and each lab is intact.
+    """
+    _needNetns()
+    with netns.Lab(2) as first, netns.Lab(2) as second:
+        other = subprocess.run(
+            [sys.executable, "-c",
+             "from lockservice.testing import netns\n"
+             "with netns.Lab(2) as lab: print(lab.id, lab.bridge, lab.subnet)"],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ))
+        assert other.returncode == 0, other.stderr
+        otherId, otherBridge, otherSubnet = other.stdout.split()
+        assert len({first.id, second.id, int(otherId)}) == 3
+        assert len({first.bridge, second.bridge, otherBridge}) == 3
+        assert len({first.subnet, second.subnet, otherSubnet}) == 3
+        for lab in (first, second):
+            assert sorted(leftovers(lab)) == sorted(
+                [*lab.namespaces, lab.bridge, *lab.veths,
+                 f"-A FORWARD -i {lab.bridge} -o {lab.bridge} -j ACCEPT"])
+    assert leftovers(first) == [] and leftovers(second) == []
+
+
+def test_a_lab_failing_halfway_says_why_and_leaves_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """
+    A real C{ip} failure halfway through L{netns.Lab.open} (a wrapper in
+    front of the real tool fails on the second namespace's address): the
+    error says which command failed and what the tool said, and the
+    namespaces, veths, bridge and iptables rule made so far are gone.
+    """
+    _needNetns()
+    import shutil
+
+    realIp = shutil.which("ip")
+    wrapper = tmp_path / "ip"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        "case \"$*\" in *\"addr add $FAIL_ADDRESS/24\"*)\n"
+        "  echo 'Error: injected failure for the test' >&2; exit 2;;\n"
+        "esac\n"
+        f"exec {realIp} \"$@\"\n")
+    wrapper.chmod(0o755)
+    lab = netns.Lab(3)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAIL_ADDRESS", lab.address(1))
+    try:
+        with pytest.raises(netns.NetnsError) as e:
+            lab.open()
+        message = str(e.value)
+        assert "Error: injected failure for the test" in message, message
+        assert f"addr add {lab.address(1)}/24" in message and "exit 2" in message, message
+        assert leftovers(lab) == []
+    finally:
+        lab.close()
+    # The id is free again: a lab may take it (and sweep what is left).
+    monkeypatch.undo()
+    with netns.Lab(1, lab=lab.id) as again:
+        assert again.bridge == lab.bridge
+
+
 def _loadUntil(node: Node, stopAt: float, prefix: bytes) -> Dict[bytes, bytes]:
     """
     Pipeline acquires of fresh keys to C{node}, 50 every 2 ms, reading
@@ -245,85 +327,3 @@ def _droppedLinkAndKill(lab: netns.Lab, logDir: str, run: int, mode: str) -> Lis
     finally:
         node0.stop()
         node1.stop()
-
-
-# -- the lab itself (issue 21 item 12) -----------------------------------------
-
-
-def leftovers(lab: netns.Lab) -> List[str]:
-    """
-    What of C{lab} exists on the host: namespaces, links, the FORWARD rule.
-    """
-    def out(*cmd: str) -> str:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-    found = [ns for ns in out("ip", "netns", "list").split() if ns in lab.namespaces]
-    links = out("ip", "-o", "link", "show")
-    found += [name for name in [lab.bridge, *lab.veths] if f" {name}:" in links
-              or f" {name}@" in links]
-    found += [rule for rule in out("iptables", "-S", "FORWARD").splitlines()
-              if f"-i {lab.bridge} " in rule]
-    return found
-
-
-def test_concurrent_labs_get_their_own_names() -> None:
-    """
-    Two labs open at once (here in one process, where the old
-    C{100 + pid % 150} gave both the same id and the second open removed
-    the first) and one in another process: all names and subnets differ,
-    and each lab is intact.
-    """
-    _needNetns()
-    with netns.Lab(2) as first, netns.Lab(2) as second:
-        other = subprocess.run(
-            [sys.executable, "-c",
-             "from lockservice.testing import netns\n"
-             "with netns.Lab(2) as lab: print(lab.id, lab.bridge, lab.subnet)"],
-            capture_output=True, text=True, timeout=60, env=dict(os.environ))
-        assert other.returncode == 0, other.stderr
-        otherId, otherBridge, otherSubnet = other.stdout.split()
-        assert len({first.id, second.id, int(otherId)}) == 3
-        assert len({first.bridge, second.bridge, otherBridge}) == 3
-        assert len({first.subnet, second.subnet, otherSubnet}) == 3
-        for lab in (first, second):
-            assert sorted(leftovers(lab)) == sorted(
-                [*lab.namespaces, lab.bridge, *lab.veths,
-                 f"-A FORWARD -i {lab.bridge} -o {lab.bridge} -j ACCEPT"])
-    assert leftovers(first) == [] and leftovers(second) == []
-
-
-def test_a_lab_failing_halfway_says_why_and_leaves_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """
-    A real C{ip} failure halfway through L{netns.Lab.open} (a wrapper in
-    front of the real tool fails on the second namespace's address): the
-    error says which command failed and what the tool said, and the
-    namespaces, veths, bridge and iptables rule made so far are gone.
-    """
-    _needNetns()
-    import shutil
-
-    realIp = shutil.which("ip")
-    wrapper = tmp_path / "ip"
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        "case \"$*\" in *\"addr add $FAIL_ADDRESS/24\"*)\n"
-        "  echo 'Error: injected failure for the test' >&2; exit 2;;\n"
-        "esac\n"
-        f"exec {realIp} \"$@\"\n")
-    wrapper.chmod(0o755)
-    lab = netns.Lab(3)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAIL_ADDRESS", lab.address(1))
-    try:
-        with pytest.raises(netns.NetnsError) as e:
-            lab.open()
-        message = str(e.value)
-        assert "Error: injected failure for the test" in message, message
-        assert f"addr add {lab.address(1)}/24" in message and "exit 2" in message, message
-        assert leftovers(lab) == []
-    finally:
-        lab.close()
-    # The id is free again: a lab may take it (and sweep what is left).
-    monkeypatch.undo()
-    with netns.Lab(1, lab=lab.id) as again:
-        assert again.bridge == lab.bridge

@@ -80,16 +80,18 @@ def releasedThere(held: Optional[int], token: int) -> bool:
 
 
 def offerLines(origin: Tuple[int, int], released: Iterable[Tuple[bytes, int]],
-               grants: Iterable[Tuple[bytes, int, int, int]]) -> bytes:
+               grants: Iterable[Tuple[bytes, int, int, int, Optional[bytes]]]) -> bytes:
     """
     The offer, as written on the link (empty when there is nothing to offer).
 
     @param origin: the (leader, term) whose stream the lines mirror.
     @param released: (key, token) of each release note.
-    @param grants: (key, token, remaining_us, age_us) of each held grant.
+    @param grants: (key, token, remaining_us, age_us, share) of each held
+        grant; share is None for an exclusive grant (no sixth field).
     """
     lines = [b"RELEASED %s %d" % note for note in released]
-    lines.extend(b"MERGE %s %d %d %d" % grant for grant in grants)
+    lines.extend(b"MERGE %s %d %d %d" % grant[:4] if grant[4] is None
+                 else b"MERGE %s %d %d %d %s" % grant for grant in grants)
     if not lines:
         return b""
     return b"OFFER %d %d\n" % origin + b"\n".join(lines) + b"\n"

@@ -48,6 +48,8 @@ from lockservice.cluster import merge as merging
 from lockservice.cluster.clocktrust import PLAUSIBLE_AHEAD
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
+from lockservice.core.table import EXCLUSIVE, LockTable, fitTogether
+from lockservice.core.wire import formatShare, parseShare
 from lockservice.internals import flushToKernel, sendNow
 
 if TYPE_CHECKING:
@@ -70,6 +72,67 @@ def writeNow(channel: PeerChannel, data: bytes) -> None:
 
 def _us(seconds: float) -> int:
     return int(seconds * 1e6)
+
+
+# -- shared keys (SPEC section 2, "Shared keys") --------------------------------
+# A grant of a shared key is a G/H/MERGE line with a sixth field, its share as
+# on the client wire (r, or the semaphore's slots); an exclusive grant's line
+# has none, as ever.  A shared key's grants go highest token first, so that a
+# heal that reads them one by one keeps what fitTogether keeps of them all.
+
+
+def sharedLines(kind: bytes, key: bytes, table: LockTable, now: float) -> List[bytes]:
+    """
+    The C{kind} (H, MERGE) lines of every grant of a shared C{key}.
+    """
+    return [b"%s %s %d %d %d %s" % (kind, key, token, _us(expiresAt - now), _us(now - grantedAt),
+                                    formatShare(share))
+            for token, grantedAt, expiresAt, share in table.sharedGrantsOf(key)]
+
+
+def shareField(fields: List[bytes]) -> int:
+    """
+    The share of a G/H/MERGE line (EXCLUSIVE without a sixth field).
+
+    @raise ValueError: a malformed share.
+    """
+    if len(fields) < 6:
+        return EXCLUSIVE
+    share = parseShare(fields[5])
+    if share is None:
+        raise ValueError(fields[5])
+    return share
+
+
+def mergeShared(locks: Any, key: bytes, token: int, share: int, remaining: float,
+                age: float) -> Tuple[bool, List[int]]:
+    """
+    On a heal, the winner's rule for an offered grant of a key that either
+    side holds in shared form: the grants of both sides that fit together
+    are kept, highest tokens first (L{fitTogether}).
+
+    @return: whether the offered grant is kept (and installed), and the
+        tokens of our own grants that it pushed out (dropped here; the
+        caller tells the standbys).
+    """
+    table: LockTable = locks.table
+    ours = table.sharedGrantsOf(key)
+    for held, _, expiresAt, _ in ours:
+        if held == token:
+            # The same grant on both sides: the later deadline wins (a
+            # renewal answered there), as for an exclusive grant.
+            if locks.clock.seconds() + remaining <= expiresAt + merging.RENEWAL_SLACK:
+                return False, []
+            locks.installHolder(key, token, remaining, age, share)
+            return True, []
+    kept = set(fitTogether([(held, s) for held, _, _, s in ours] + [(token, share)]))
+    if token not in kept:
+        return False, []
+    pushedOut = [held for held, _, _, _ in ours if held not in kept]
+    for held in pushedOut:
+        locks.dropHolder(key, held)
+    locks.installHolder(key, token, remaining, age, share)
+    return True, pushedOut
 
 
 @implementer(IPullProducer)
@@ -95,11 +158,15 @@ class SnapshotProducer:
         cluster = self.stream.cluster
         # The keys were copied at the start; each one's grant is read now
         # (it may have ended or changed since).
-        grantOf = cluster.locks.table.grantOf
+        table = cluster.locks.table
+        grantOf = table.grantOf
         now = cluster.clock.seconds()
         lines: List[bytes] = []
         end = self.index + SNAPSHOT_CHUNK
         for key in self.keys[self.index:end]:
+            if table.isShared(key):
+                lines.extend(sharedLines(b"H", key, table, now))
+                continue
             grant = grantOf(key)
             if grant is not None:
                 token, grantedAt, expiresAt = grant
@@ -140,10 +207,11 @@ class Stream:
     def __init__(self, cluster: "Cluster", mode: str = ACK) -> None:
         self.cluster = cluster
         self.acknowledged = mode == ACK
+        # The gate's hooks (lockservice.server.turn.Gate): never empty, so a
+        # cluster node's answers always wait for this stream.
+        self.hooks: List[Callable[[], Optional[bool]]] = [self.flush]
         self.position = 0
         self._reached = 0
-        # (The gate's "something hands changes on": answers wait for us.)
-        self.hooks: List[Callable[[], Optional[bool]]] = [self.flush]
         self.pending: List[bytes] = []
         self._flushLater: Optional[IDelayedCall] = None
         # Whether a follower's link still holds unsent bytes (a seam for tests).
@@ -167,12 +235,19 @@ class Stream:
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
                 waited: float) -> None:
         now = self.cluster.clock.seconds()
+        share = self.cluster.locks.table.shareOf(key, token)
+        if share != EXCLUSIVE:
+            self._queue(b"G %s %d %d %d %s\n" % (key, token, _us(expiresAt - now),
+                                                 _us(now - grantedAt), formatShare(share)))
+            return
         self._queue(b"G %s %d %d %d\n" % (key, token, _us(expiresAt - now), _us(now - grantedAt)))
 
     def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
         now = self.cluster.clock.seconds()
         age = now - grantedAt
-        self._queue(b"G %s %d %d %d\n" % (key, token, _us(expiresAt - now), _us(age)))
+        share = self.cluster.locks.table.shareOf(key, token)
+        tail = b"" if share == EXCLUSIVE else b" " + formatShare(share)
+        self._queue(b"G %s %d %d %d%s\n" % (key, token, _us(expiresAt - now), _us(age), tail))
 
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
         self._queue(b"D %s %d\n" % (key, token))
@@ -311,8 +386,10 @@ class Stream:
         @return: how many grants and release notes were offered.
         """
         now = self.cluster.clock.seconds()
-        grants = [(key, token, _us(expiresAt - now), _us(now - grantedAt))
-                  for key, token, grantedAt, expiresAt in self.cluster.locks.table.grants()]
+        grants = [(key, token, _us(expiresAt - now), _us(now - grantedAt),
+                   None if share == EXCLUSIVE else formatShare(share))
+                  for key, token, grantedAt, expiresAt, share
+                  in self.cluster.locks.table.everyGrant()]
         notes = list(self.cluster.releases.notes())
         data = merging.offerLines(origin, notes, grants)
         if data:
@@ -385,13 +462,14 @@ class Stream:
                     continue
                 expiresAt = now + int(fields[3]) / 1e6
                 grantedAt = now - int(fields[4]) / 1e6
+                share = shareField(fields)
             except (IndexError, ValueError):
                 cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
                 continue
             if token > limit:
                 cluster.plausible(j, token, "token")
                 continue
-            install(key, token, grantedAt, expiresAt)
+            install(key, token, grantedAt, expiresAt, share)
 
     def offered(self, j: int, channel: PeerChannel, leader: int, term: int) -> None:
         """
@@ -436,10 +514,17 @@ class Stream:
                 key, token = fields[1], int(fields[2])
                 grant = grantOf(key)
                 if fields[0] == merging.RELEASED:
-                    if merging.releasedThere(None if grant is None else grant[0], token):
+                    if table.isShared(key):
+                        releasedThere = table.holdingOf(key, token) is not None
+                    else:
+                        releasedThere = merging.releasedThere(
+                            None if grant is None else grant[0], token)
+                    if releasedThere:
                         cluster.releaseMerged(key, token)
                     continue
-                if stale or (grant is not None and grant[0] > token):
+                share = shareField(fields)
+                shared = share != EXCLUSIVE or table.isShared(key)
+                if stale or (not shared and grant is not None and grant[0] > token):
                     continue  # the higher token wins
                 remaining, age = int(fields[3]) / 1e6, int(fields[4]) / 1e6
             except (IndexError, ValueError):
@@ -448,10 +533,21 @@ class Stream:
             if token > limit:
                 cluster.plausible(j, token, "token")  # logs it
                 continue
+            if shared:
+                # Several grants per key: the fit rule (see mergeShared).
+                if not releasedHere(key, token):
+                    kept, pushedOut = mergeShared(cluster.locks, key, token, share,
+                                                  remaining, age)
+                    for out in pushedOut:
+                        self.dropped(key, out, 0.0, expired=True)
+                    if kept:
+                        cluster.merged += 1
+                        self.granted(key, token, now - age, now + remaining, 0.0)
+                continue
             verdict = decide(None if grant is None else (grant[0], grant[2]), token,
                              now + remaining, releasedHere(key, token))
             if verdict == merging.KEEP:
                 continue
-            install(key, token, remaining, age)
+            install(key, token, remaining, age, share)
             cluster.merged += 1
             self.granted(key, token, now - age, now + remaining, 0.0)

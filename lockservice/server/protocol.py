@@ -417,6 +417,7 @@ class LockProtocol(LineOnlyReceiver):
 
     def _acquire(self, request: wire.Acquire) -> None:
         waiter = PendingAcquire(request.key, request.lease, self)
+        waiter.share = request.share
         answer = self.service.acquire(waiter, request.wait)
         earlier = self._pending.get(request.key)
         if answer is not None and not earlier:
