@@ -11,9 +11,12 @@ leases and ends waits, and says what changed.  Its rooms, one job each:
     waiters.py    queued acquires and the runs of a gone connection
     chores.py     background work (withdrawals), bounded per reactor turn
     stats.py      the plain counters
+    mirror.py     what the cluster drives: tokens, redirects, the mirror
 
 Whether this node may serve at all (active or standby) is decided by the
-cluster layer through L{LockService.setRole}.
+cluster layer through L{LockService.setRole}.  Connections, and who may
+connect, are L{lockservice.server.protocol} and
+L{lockservice.server.admission}.
 """
 
 from __future__ import annotations
