@@ -784,6 +784,56 @@ def sync(keys: int, peerTimeout: float = 1.0) -> Dict[str, Any]:
     return result
 
 
+def httpStall(concurrency: List[int], runs: int = 3, seconds: float = 4.0,
+              nonReaders: int = 3000) -> Dict[str, Any]:
+    """
+    Issue 21 item 2: a node with 20,000 held keys (1,000 with 5 waiters);
+    for each C{concurrency}, that many clients asking for
+    C{/locks?limit=1000&waiters=1000} over and over (plus 8 for /status
+    and /events) for C{seconds}, C{runs} times: the median of each run's
+    worst lock-port ping.  Then C{nonReaders} clients that ask for that
+    page and never read: the node's RSS growth.
+    """
+    import statistics
+    import tempfile
+
+    from lockservice.testing import httpload
+    from lockservice.testing.harness import Node, freePorts
+
+    port, httpPort = freePorts(2)
+    node = Node(port, logDir=tempfile.mkdtemp(prefix="lockservice-bench-http-"),
+                args=["--http", f"tcp:{httpPort}:interface=127.0.0.1", "--max-keys", "50000"])
+    rows = []
+    result: Dict[str, Any] = {"rows": rows}
+    try:
+        node.start()
+        waiting = httpload.fill(port, httpPort)
+        for heavy in concurrency:
+            worst = [httpload.heavyPages(port, httpPort, heavy, 8, seconds)
+                     for _ in range(runs)]
+            rows.append({"heavy_readers": heavy,
+                         "median_worst_ping_ms": statistics.median(
+                             w["worst_ping_ms"] for w in worst),
+                         "worst_pings_ms": [w["worst_ping_ms"] for w in worst],
+                         "answers": worst[-1]["answers"]})
+            _say(f"{heavy} heavy readers: {rows[-1]['worst_pings_ms']} ms")
+        if nonReaders:
+            import resource
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+            before = node.rss()
+            socks = httpload.nonReaders(port, httpPort, nonReaders)
+            time.sleep(3)
+            result["non_readers"] = nonReaders
+            result["non_readers_rss_growth_mb"] = round((node.rss() - before) / 2**20, 1)
+            for sock in socks:
+                sock.close()
+        waiting.close()
+    finally:
+        node.stop()
+    return result
+
+
 # -- command line -----------------------------------------------------------------
 
 
@@ -822,7 +872,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     y = sub.add_parser("sync", help="a standby joining an active that holds many keys")
     y.add_argument("--keys", type=int, default=1_000_000)
     y.add_argument("--peer-timeout", type=float, default=1.0)
+    w = sub.add_parser("http", help="lock-port stalls under heavy HTTP pages (issue 21)")
+    w.add_argument("--concurrency", default="16,64,128")
+    w.add_argument("--runs", type=int, default=3)
+    w.add_argument("--seconds", type=float, default=4.0)
+    w.add_argument("--non-readers", type=int, default=3000)
     args = p.parse_args(argv)
+    if args.cmd == "http":
+        print(json.dumps(httpStall([int(c) for c in args.concurrency.split(",")], args.runs,
+                                   args.seconds, args.non_readers), indent=2))
+        return 0
     if args.cmd == "shards":
         table = shards([int(c) for c in args.counts.split(",")], args.connections,
                        args.duration)

@@ -108,6 +108,28 @@ def test_dashboard_renders_a_busy_node(spawn, browser, tmp_path) -> None:  # typ
         assert dom.count('<li class="event">') == 3  # the three grants
         assert dom.count('<span class="ev-type ev-grant">grant</span>') == 3
         assert 'class="series-grants"' in dom and 'class="series-hold_max"' in dom
+        # Charts (issue 21 item 14): round y ticks beyond 0 and the
+        # maximum, x ticks in seconds ago, a legend per chart, and grant
+        # and wait lines told apart by their dash pattern too.
+        yTicks = re.findall(r'<text[^>]*class="tick y-tick"[^>]*>([^<]*)</text>', dom)
+        assert len(yTicks) >= 2 * 3 and yTicks[0] == "0", yTicks
+        assert re.findall(r'class="tick x-tick"[^>]*>now<', dom)
+        assert re.search(r'class="tick x-tick"[^>]*>-\d+s<', dom)
+        legend = re.findall(r'<g class="legend-item">.*?<text[^>]*>([^<]*)</text></g>', dom)
+        assert legend == ["grants/s", "waits/s", "mean", "max"], legend
+        grants = re.search(r'<polyline[^>]*class="series-grants"', dom).group(0)
+        waits = re.search(r'<polyline[^>]*class="series-waits"', dom).group(0)
+        assert 'stroke-dasharray="none"' in grants and 'stroke-dasharray="5 3"' in waits
+        # The deadlock banner and the badges of the keys in the cycle.
+        assert dom.count('<span class="flag deadlock">deadlock</span>') == 2
+        # A filter box; typed into, it keeps the matching rows only.
+        assert '<input id="filter"' in dom
+        filtered = renderedDOM(browser, f"http://127.0.0.1:{http}/#filter=reports")
+        rows = re.findall(r'<tr data-key="([^"]*)"', filtered)
+        assert rows == ["accounts/1042"], rows  # reports-nightly waits there
+        filtered = renderedDOM(browser, f"http://127.0.0.1:{http}/#filter=deadlock-y")
+        assert sorted(re.findall(r'<tr data-key="([^"]*)"', filtered)) == [
+            "inventory/a", "inventory/b"]  # holds b, waits for a
         assert "<title>lockservice</title>" in dom
         assert ">this node<" in dom  # the active of a single node: no "None"
         if os.environ.get("LOCKSERVICE_SCREENSHOT"):

@@ -19,12 +19,34 @@ from lockservice.testing.harness import LineClient, Node, freePort, waitFor
 from tests.test_protocol import Node as ProtocolNode
 
 
+def stubFor(node: "ProtocolNode", root: Any) -> StubTreq:
+    """
+    A StubTreq on C{root}, whose answers are produced on C{node}'s clock
+    (the Cooperator's turns): L{settle} runs them.
+    """
+    stub = StubTreq(root)
+    stub.clock = node.clock  # type: ignore[attr-defined]
+    return stub
+
+
+def settle(stub: StubTreq, done: Any) -> None:
+    """
+    Pump the stub's connections and its clock's turns until C{done()}.
+    """
+    clock = getattr(stub, "clock", None)
+    for _ in range(100_000):
+        stub.flush()
+        if done() or clock is None:
+            return
+        clock.advance(0)
+
+
 def fetch(stub: StubTreq, path: str):  # type: ignore[no-untyped-def]
     responses: list = []  # type: ignore[type-arg]
     stub.get("http://node" + path).addCallback(
         lambda r: r.content().addCallback(lambda body: responses.append((r, body)))
     )
-    stub.flush()
+    settle(stub, lambda: responses)
     assert responses, f"no response for {path}"
     return responses[0]
 
@@ -35,7 +57,7 @@ def node() -> ProtocolNode:
 
 
 def test_status_json(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"A k 30 0")
     b.ask(b"A k 30 0")
@@ -65,7 +87,7 @@ def withMonitor(node: ProtocolNode, **kw: Any) -> Tuple[StubTreq, Monitor]:
     monitor = Monitor(clock, node.service.table.clientOf,
                       wallTime=lambda: 1_700_000_000.0 + clock.seconds())
     node.service.activity.append(monitor)
-    return StubTreq(makeRoot(node.service, None, monitor, **kw)), monitor
+    return stubFor(node, makeRoot(node.service, None, monitor, **kw)), monitor
 
 
 def test_locks_says_who_holds_what(node: ProtocolNode) -> None:
@@ -117,7 +139,7 @@ def test_locks_says_who_holds_what(node: ProtocolNode) -> None:
 
 
 def test_names_follow_a_rename_and_a_handover(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"A k 30 0")
     b.ask(b"I first")
@@ -129,7 +151,7 @@ def test_names_follow_a_rename_and_a_handover(node: ProtocolNode) -> None:
 
 
 def test_key_statistics(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     for i in range(3):
         a.ask(b"A hot 30 0")
@@ -155,7 +177,7 @@ def test_key_statistics(node: ProtocolNode) -> None:
 
 
 def test_events_contract(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"I alice")
     a.ask(b"A k 30 0")
@@ -189,7 +211,7 @@ def test_events_contract(node: ProtocolNode) -> None:
 
 
 def test_deadlock_on_status(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     x, y = node.connect(), node.connect()
     x.ask(b"I x")
     y.ask(b"I y")
@@ -223,7 +245,7 @@ def post(stub: StubTreq, path: str, secret: Optional[bytes] = SECRET,
     stub.post("http://node" + path, data=data, headers=headers).addCallback(
         lambda r: r.content().addCallback(lambda body: responses.append((r, body)))
     )
-    stub.flush()
+    settle(stub, lambda: responses)
     assert responses, f"no response for {path}"
     return responses[0][0].code, json.loads(responses[0][1])
 
@@ -261,7 +283,7 @@ def test_force_release(node: ProtocolNode) -> None:
 
 
 def test_force_release_refused_without_admin_secret(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     node.connect().ask(b"A k 30 0")
     code, answer = post(stub, "/locks/k/release")
     assert code == 403 and "admin-secret" in answer["error"]
@@ -269,7 +291,7 @@ def test_force_release_refused_without_admin_secret(node: ProtocolNode) -> None:
 
 
 def test_force_release_on_a_standby(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None, adminSecret=SECRET))
+    stub = stubFor(node, makeRoot(node.service, None, adminSecret=SECRET))
     node.connect().ask(b"A k 30 0")
     node.service.setRole("standby", b"h:1")
     code, answer = post(stub, "/locks/k/release")
@@ -277,7 +299,7 @@ def test_force_release_on_a_standby(node: ProtocolNode) -> None:
 
 
 def test_metrics_exposition(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"A k 30 0")
     b.ask(b"A k 30 1")
@@ -318,7 +340,7 @@ def test_metrics_exposition(node: ProtocolNode) -> None:
 
 
 def test_redirects_counted(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     node.service.setRole("standby", b"h:1")
     node.connect().ask(b"A k 1 0")
     _, body = fetch(stub, "/metrics")
@@ -327,7 +349,7 @@ def test_redirects_counted(node: ProtocolNode) -> None:
 
 
 def test_dashboard_page_has_no_external_assets(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     response, body = fetch(stub, "/")
     assert response.headers.getRawHeaders(b"content-type")[0].startswith(b"text/html")
     assert b"<title>lockservice</title>" in body
@@ -341,7 +363,7 @@ def test_dashboard_page_has_no_external_assets(node: ProtocolNode) -> None:
 
 
 def test_dashboard_data(node: ProtocolNode) -> None:
-    stub = StubTreq(makeRoot(node.service, None))
+    stub = stubFor(node, makeRoot(node.service, None))
     a, b = node.connect(), node.connect()
     a.ask(b"I alice")
     b.ask(b"I bob")
@@ -449,7 +471,7 @@ def test_locks_path_names_exactly_one_key(node: ProtocolNode) -> None:
 
 
 def node_stub(node: ProtocolNode) -> StubTreq:
-    return StubTreq(makeRoot(node.service, None))
+    return stubFor(node, makeRoot(node.service, None))
 
 
 @pytest.mark.parametrize("path", ["/", "/status", "/locks", "/locks/stats", "/events",
@@ -547,3 +569,179 @@ def test_waiters_listed_in_one_answer_are_bounded(node: ProtocolNode) -> None:
     assert sum(len(lock["waiters"]) for lock in locks) == 5000
     assert [len(lock["waiters"]) for lock in locks[4:7]] == [1000, 0, 0]
     assert locks[5]["waiters_truncated"] and locks[5]["queue_length"] == 1000
+
+
+# -- the site: admission, backpressure, request bodies (issue 21 item 2) --------
+
+from twisted.internet.task import Cooperator  # noqa: E402
+from twisted.internet.testing import StringTransport  # noqa: E402
+
+from lockservice.server import http as nodehttp  # noqa: E402
+
+
+class SiteNode:
+    """
+    A L{nodehttp.NodeSite} over StringTransports, its answers' steps run
+    on the node's clock.
+    """
+
+    def __init__(self, node: ProtocolNode, **kw: Any) -> None:
+        self.node = node
+        # One step per turn (Clock.advance(0) would also run the calls
+        # it schedules: a turn is a microsecond here).
+        kw.setdefault("cooperator", Cooperator(
+            terminationPredicateFactory=lambda: lambda: True,
+            scheduler=lambda step: node.clock.callLater(1e-6, step)))
+        self.site = nodehttp.NodeSite(makeRoot(node.service, None, **kw))
+        self.site.reactor = node.clock  # type: ignore[assignment]
+
+    def connect(self) -> Tuple[Any, StringTransport]:
+        channel = self.site.buildProtocol(None)
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        return channel, transport
+
+    def turn(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.node.clock.advance(1e-6)
+
+
+def test_a_large_body_is_refused_before_it_is_read(node: ProtocolNode) -> None:
+    """
+    A Content-Length over the limit gets 413 and a close as soon as the
+    headers are in: no temporary file, not one body byte kept.
+    """
+    site = SiteNode(node)
+    channel, transport = site.connect()
+    channel.dataReceived(b"POST /locks/k/release HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: 1500000000\r\n\r\n" + b"x" * 60000)
+    answer = transport.value()
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
+    assert b"Connection: close" in answer and b"x" * 100 not in answer
+    assert transport.disconnecting
+    assert channel.requests[0].content is None  # no body file made
+    channel.dataReceived(b"x" * 100000)  # later reads are dropped
+    assert site.site.inProgress == 0
+
+
+def test_a_chunked_body_is_refused_before_it_is_read(node: ProtocolNode) -> None:
+    site = SiteNode(node)
+    channel, transport = site.connect()
+    channel.dataReceived(b"POST /locks/k/release HTTP/1.1\r\nHost: x\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n1000\r\n" + b"y" * 4096)
+    assert transport.value().startswith(b"HTTP/1.1 413 ")
+    assert transport.disconnecting
+
+
+def test_a_small_body_is_read(node: ProtocolNode) -> None:
+    """
+    The force-release reason (a small form body) still works.
+    """
+    site = SiteNode(node, adminSecret=SECRET)
+    conn = node.connect()
+    conn.ask(b"A k 600 0")
+    channel, transport = site.connect()
+    body = b"reason=" + b"r" * (nodehttp.MAX_BODY - 7)
+    channel.dataReceived(b"POST /locks/k/release HTTP/1.1\r\nHost: x\r\n"
+                         b"Authorization: Bearer " + SECRET + b"\r\n"
+                         b"Content-Type: application/x-www-form-urlencoded\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    answer = transport.value()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert b'"reason": "rrrr' in answer
+
+
+def _get(channel: Any, path: bytes) -> None:
+    channel.dataReceived(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+
+
+def test_requests_above_the_cap_are_answered_503_at_once(node: ProtocolNode) -> None:
+    site = SiteNode(node)
+    site.site.maxRequests = 2
+    holder = node.connect()
+    holder.send(b"".join(b"A k%d 600 0\n" % i for i in range(3000)))
+    busy = [site.connect() for _ in range(2)]
+    for channel, _ in busy:
+        _get(channel, b"/locks?limit=1000")
+    assert site.site.inProgress == 2
+    channel, transport = site.connect()
+    _get(channel, b"/status")
+    assert transport.value().startswith(b"HTTP/1.1 503 "), transport.value()[:200]
+    assert b"retry-after: 1" in transport.value().lower()
+    assert site.site.refusedBusy == 1
+    site.turn(1000)  # the two pages are done: their slots are free again
+    assert site.site.inProgress == 0
+    for _, t in busy:
+        assert t.value().startswith(b"HTTP/1.1 200 ") and t.value().endswith(b"0\r\n\r\n")
+    channel.connectionLost(None)
+    channel, transport = site.connect()
+    _get(channel, b"/status")
+    assert transport.value().startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_lost_connection_frees_its_slot_and_stops_its_answer(node: ProtocolNode) -> None:
+    from twisted.python.failure import Failure
+    from twisted.internet.error import ConnectionLost
+    site = SiteNode(node)
+    holder = node.connect()
+    holder.send(b"".join(b"A k%d 600 0\n" % i for i in range(3000)))
+    channel, transport = site.connect()
+    _get(channel, b"/locks?limit=1000")
+    site.turn(1)
+    assert site.site.inProgress == 1
+    channel.connectionLost(Failure(ConnectionLost()))
+    assert site.site.inProgress == 0
+    size = len(transport.value())
+    site.turn(100)  # no step runs for a gone client
+    assert len(transport.value()) == size
+
+
+def test_a_big_answer_waits_for_a_reader(node: ProtocolNode) -> None:
+    """
+    While the connection's send buffer is full (the transport paused its
+    producer), no step of the answer runs: what a client that never reads
+    costs is bounded; once it reads, the answer goes on to its end.  A
+    step is bounded: at most about STEP_COST units of the page.
+    """
+    site = SiteNode(node)
+    holder = node.connect()
+    holder.send(b"".join(b"A k%04d 600 0\n" % i for i in range(1000)))
+    channel, transport = site.connect()
+    _get(channel, b"/locks?limit=1000")
+    site.turn(1)
+    channel.pauseProducing()  # as the transport does when its buffer is full
+    size = len(transport.value())
+    site.turn(100)
+    assert len(transport.value()) == size
+    assert size < 64 * 1024, size
+    channel.resumeProducing()
+    site.turn(1000)
+    body = transport.value()
+    assert body.endswith(b"0\r\n\r\n")
+    assert body.count(b'"key":"k') == 1000
+
+
+def test_a_paused_answer_is_given_up_after_a_while(node: ProtocolNode) -> None:
+    site = SiteNode(node)
+    holder = node.connect()
+    holder.send(b"".join(b"A k%04d 600 0\n" % i for i in range(1000)))
+    channel, transport = site.connect()
+    _get(channel, b"/locks?limit=1000")
+    site.turn(1)
+    channel.pauseProducing()
+    node.clock.advance(nodehttp.STALL_SECONDS - 1)
+    assert not transport.disconnecting
+    channel.resumeProducing()
+    channel.pauseProducing()  # progress resets the deadline
+    node.clock.advance(nodehttp.STALL_SECONDS - 1)
+    assert not getattr(transport, "aborted", False)
+    node.clock.advance(2)
+    assert transport.disconnecting  # aborted: its slot comes back
+
+
+def test_a_page_is_produced_in_bounded_steps() -> None:
+    pieces = list(nodehttp.jsonPieces(
+        [("count", 3), ("locks", nodehttp.Items(({"n": i}, 10) for i in range(100)))],
+        stepCost=50))
+    assert json.loads(b"".join(pieces)) == {"count": 3, "locks": [{"n": i} for i in range(100)]}
+    assert len(pieces) == 21  # 5 items a step, and the end

@@ -6,6 +6,7 @@ queue listing, force-release, --warn-hold and the admin secret.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -412,3 +413,50 @@ def test_no_http_endpoint_stalls_the_reactor(spawn) -> None:  # type: ignore[no-
             print(f"{path:40} {size / 1024:8.0f} KiB  slowest ping {slowest * 1000:6.1f} ms")
         # Generous (2 shared cores, 4 requests at once); the aim is tens of ms.
         assert all(slowest < 0.5 for slowest, _ in figures.values()), figures
+
+
+def test_deadlock_between_two_client_instances_of_two_connections_each(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 8: the client library keeps two connections per address
+    and names both C{I <name>#<instance>}; each instance holds a key on
+    one connection and waits on the other.  The node sees one deadlock
+    between two clients, shown by name; 50 connections sharing a plain
+    name doing the same make none.
+    """
+    node, http = httpNode(spawn)
+    us, eu = b"inventory/us#0123456789ab", b"inventory/eu#fedcba987654"
+    conns = [LineClient(node.port) for _ in range(4)]
+    try:
+        for conn, name in zip(conns, [us, us, eu, eu], strict=True):
+            assert conn.ask(b"I " + name).startswith(b"I ")
+        conns[0].ask(b"A orders 60 0")
+        conns[2].ask(b"A stock 60 0")
+        conns[1].send(b"A stock 60 0\n")
+        waitFor(lambda: get(http, "/status")["waiters"] == 1, 10, what="queued")
+        assert get(http, "/status")["deadlocks_count"] == 0
+        conns[3].send(b"A orders 60 0\n")
+        waitFor(lambda: get(http, "/status")["deadlocks_count"] == 1, 10, what="deadlock")
+        [cycle] = get(http, "/status")["deadlocks"]
+        assert sorted(cycle["clients"]) == ["inventory/eu", "inventory/us"]
+        assert sorted(cycle["keys"]) == ["orders", "stock"]
+        dashboard = get(http, "/dashboard.json")
+        assert dashboard["status"]["deadlocks_count"] == 1
+    finally:
+        for conn in conns:
+            conn.close()
+    # Closing withdrew the waits (the keys stay held until their leases end).
+    waitFor(lambda: get(http, "/status")["deadlocks_count"] == 0, 10, what="cycle gone")
+    fleet = [LineClient(node.port) for _ in range(50)]
+    try:
+        for i, conn in enumerate(fleet):
+            conn.ask(b"I billing" if i < 25 else b"I shipping")
+        fleet[0].ask(b"A invoices 60 0")
+        fleet[25].ask(b"A parcels 60 0")
+        fleet[1].send(b"A parcels 60 0\n")
+        fleet[26].send(b"A invoices 60 0\n")
+        waitFor(lambda: get(http, "/status")["waiters"] == 2, 10, what="queued")
+        time.sleep(0.5)  # checks run on later reactor turns: give them time
+        assert get(http, "/status")["deadlocks_count"] == 0
+    finally:
+        for conn in fleet:
+            conn.close()

@@ -11,11 +11,13 @@ import json
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from typing import Callable, List
 
 import pytest
 
+from lockservice.testing import httpload
 from lockservice.testing.harness import LineClient, freePort, waitFor
 
 STALL_BOUND = 0.1
@@ -154,3 +156,98 @@ def test_closing_connections_with_100000_waiters_does_not_stall(  # type: ignore
               f"{granted[0] * 1000:.1f} ms")
         assert slowest < STALL_BOUND, f"a ping took {slowest * 1000:.0f} ms"
         assert granted[0] < 1.0, f"the next live waiter waited {granted[0]:.1f} s"
+
+
+# -- HTTP never freezes the reactor (issue 21 item 2) --------------------------
+
+# Generous for a shared 2-core machine; the benchmark's target is 100 ms
+# (`python -m lockservice.bench http`, docs/performance.md).
+HTTP_STALL_BOUND = 0.5
+
+
+def test_concurrent_heavy_pages_do_not_stall_the_lock_port(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    20,000 held keys, 1,000 with 5 waiters each; 64 clients asking for
+    C{/locks?limit=1000&waiters=1000} over and over, and 8 for /status
+    and /events: the lock port's worst ping stays far below the freeze
+    (2.5 s before the fix), and the pages are answered (200) or refused
+    at once (503), never broken.
+    """
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1",
+                       "--max-keys", "50000"])
+    waiting = httpload.fill(node.port, httpPort)
+    result = httpload.heavyPages(node.port, httpPort, heavy=64, light=8, seconds=4)
+    waiting.close()
+    print(result)
+    answers = result["answers"]
+    assert answers.get("200", 0) > 0 and set(answers) <= {"200", "503", "bytes"}, answers
+    assert result["worst_ping_ms"] < HTTP_STALL_BOUND * 1000, result
+
+
+def test_heavy_pages_on_the_active_cause_no_promotion(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    The same load (128 heavy readers) on the active of 3 nodes: its
+    heartbeats keep flowing (no standby promotes, no term changes) and its
+    lock port's worst ping stays under the bound.
+    """
+    ports = [freePort() for _ in range(3)]
+    c = cluster(3, args=["--max-keys", "50000"], start=False)
+    for node, port in zip(c.nodes, ports, strict=True):
+        node.args = node.args + ["--http", f"tcp:{port}:interface=127.0.0.1"]
+    c.start()
+    waitFor(lambda: [statusOf(p)["role"] for p in ports] == ["active", "standby", "standby"],
+            30, what="roles settled")
+    terms = [statusOf(p)["term"] for p in ports]
+    waiting = httpload.fill(c.nodes[0].port, ports[0])
+    result = httpload.heavyPages(c.nodes[0].port, ports[0], heavy=128, light=8, seconds=5)
+    print(result)
+    time.sleep(1.5)  # a promotion would follow a missed peer timeout (1 s)
+    after = [statusOf(p) for p in ports]
+    waiting.close()
+    assert [s["role"] for s in after] == ["active", "standby", "standby"], after
+    assert [s["term"] for s in after] == terms, after
+    assert result["worst_ping_ms"] < HTTP_STALL_BOUND * 1000, result
+
+
+def test_clients_that_never_read_cost_little(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    3,000 HTTP clients ask for the heaviest page and never read: the
+    node's memory grows by far less than the answers' size (2.6 GiB
+    before the fix), and its lock port keeps answering.
+    """
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1",
+                       "--max-keys", "50000"])
+    waiting = httpload.fill(node.port, httpPort)
+    before = node.rss()
+    pinger = httpload.Pinger(node.port)
+    socks = httpload.nonReaders(node.port, httpPort, 3000)
+    time.sleep(3)  # whatever the node will write has been written by now
+    grown = node.rss() - before
+    worst = pinger.stop()
+    # Their answers hold every slot: the endpoint refuses at once (503)...
+    started = time.perf_counter()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        statusOf(httpPort)
+    assert refused.value.code == 503 and time.perf_counter() - started < 1
+    for sock in socks:
+        sock.close()
+    # ... and their slots come back when they leave.
+    def answered() -> dict:  # type: ignore[type-arg]
+        try:
+            return statusOf(httpPort)
+        except urllib.error.HTTPError:
+            return {}
+
+    assert waitFor(answered, 30, what="a slot")["held_keys"] == 20_000
+    waiting.close()
+    print(f"3,000 non-readers: +{grown / 2**20:.1f} MiB, worst ping {worst * 1000:.1f} ms")
+    assert grown < 100 * 2**20, grown
+    # It keeps answering: the ping bound of the heavy-page tests is not
+    # asserted here (3,000 connects and 256 pages started at once on a
+    # shared 2-core machine: 45-600 ms seen, kernel and scheduler included).
+    assert worst < 5, worst

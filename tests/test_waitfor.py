@@ -290,3 +290,103 @@ def test_cycle_found_through_the_lock_tables_holders() -> None:
     assert set(cycle.clients) == {y, z}
     assert cycle.describe(lambda c: str(nameOf(c))) == (
         "z waits for k2 (held by y) -> y waits for k3 (held by z)")
+
+
+# -- client instances (issue 21 item 8) ----------------------------------------
+
+
+class Conn:
+    """
+    A connection as the server has one: a name that C{I} may change.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Conn({self.name!r})"
+
+
+def _name(client: Any) -> str:
+    return str(getattr(client, "name", client))
+
+
+US, EU = "inventory/us#0123456789ab", "inventory/eu#fedcba987654"
+
+
+def test_two_instances_with_two_connections_each_deadlock() -> None:
+    """
+    Each instance holds on one connection and waits on the other: the
+    cycle runs through both of each, and is found and shown by name.
+    """
+    us1, us2, eu1, eu2 = Conn(US), Conn(US), Conn(EU), Conn(EU)
+    g = TableGraph()
+    g.hold(b"k1", us1)
+    g.hold(b"k2", eu1)
+    g.wait(b"k2", us2)
+    assert drain(g) == []
+    g.wait(b"k1", eu2)
+    [cycle] = drain(g, 1.0)
+    assert sorted(cycle.asDict(_name)["clients"]) == ["inventory/eu", "inventory/us"]
+    assert cycle.describe(_name) == ("inventory/eu waits for k1 (held by inventory/us) -> "
+                                     "inventory/us waits for k2 (held by inventory/eu)")
+    g.unwait(b"k1", eu2)  # the deadlock ends (a wait ran out)
+    drain(g)
+    assert g.cycles == {}
+
+
+def test_a_fleet_sharing_a_plain_name_makes_no_false_cycle() -> None:
+    """
+    50 processes called C{billing} and 50 called C{shipping}: billing
+    process i holds a_i and billing process 25+i waits for b_i; shipping
+    process i holds b_i and shipping process 25+i waits for a_i.  Joined
+    by name, billing and shipping would wait for each other; they are 100
+    clients, and the waiting ones hold nothing: no cycle.  The same with
+    names that only look like instance names.
+    """
+    for suffix in ["", "#0123456789AB", "#0123456789a", "0123456789ab", "#0123456789abc"]:
+        billing = [Conn("billing" + suffix) for _ in range(50)]
+        shipping = [Conn("shipping" + suffix) for _ in range(50)]
+        g = TableGraph()
+        for i in range(25):
+            g.hold(b"a%d" % i, billing[i])
+            g.hold(b"b%d" % i, shipping[i])
+        for i in range(25):
+            g.wait(b"b%d" % i, billing[25 + i])
+            g.wait(b"a%d" % i, shipping[25 + i])
+        found = drain(g)
+        assert found == [] and g.cycles == {}, (suffix, found)
+
+
+def test_the_same_instance_waiting_for_itself_is_no_cycle() -> None:
+    a1, a2 = Conn(US), Conn(US)
+    g = TableGraph()
+    g.hold(b"k", a1)
+    g.wait(b"k", a2)
+    assert drain(g) == [] and g.cycles == {}
+
+
+def test_an_unnamed_instance_joins_its_connections() -> None:
+    a1, a2, b1, b2 = Conn("#0123456789ab"), Conn("#0123456789ab"), Conn("b"), Conn("c")
+    g = TableGraph()
+    g.hold(b"k1", a1)
+    g.hold(b"k2", b1)
+    g.wait(b"k2", a2)
+    g.wait(b"k1", b1)
+    [cycle] = drain(g)
+    assert sorted(cycle.asDict(_name)["clients"]) == ["#0123456789ab", "b"]
+    del b2
+
+
+def test_a_rename_while_waiting_keeps_the_waits_together() -> None:
+    """
+    A connection renamed (C{I}) while it waits: its wait ends under the
+    client it began under, and nothing is left behind.
+    """
+    us1, eu1 = Conn(US), Conn(EU)
+    g = TableGraph()
+    g.hold(b"k1", eu1)
+    g.wait(b"k1", us1)
+    us1.name = "other"
+    g.unwait(b"k1", us1)
+    assert g._waits == {} and g._pinned == {}

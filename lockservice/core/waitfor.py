@@ -3,10 +3,16 @@
 The wait-for graph: which client waits for a key that which client holds,
 and the deadlocks (cycles) that follow.
 
-Clients are opaque hashable objects: the server uses the connections
+Clients are opaque hashable objects: the server passes the connections
 themselves, so a connection that renames itself stays the same client, and
-two connections that share a name are two clients (no false cycle).  Names
-are for display only (C{nameOf}).
+two connections that share a plain name are two clients (no false cycle:
+50 processes may all be called C{billing}).  One exception joins
+connections (L{clientOf}): a connection whose C{I} name ends in C{#} and
+12 lowercase hex characters was named by a client library instance (its
+random instance id), so every connection with exactly that name is the
+same client, an L{Instance}: the Python client keeps two connections per
+address, and a real deadlock between two clients runs through both.
+Names are for display only (C{nameOf}).
 
 The graph is bipartite, client -> key (waits for) and key -> client (held
 by), so a change (a wait, a hand-over, a withdrawal) costs O(1) whatever
@@ -35,6 +41,8 @@ clock, the caller gives the time.
 
 from __future__ import annotations
 
+import re
+import weakref
 from collections import deque
 from typing import (
     Any,
@@ -50,6 +58,39 @@ from typing import (
 )
 
 Client = object  # hashable by identity (the server passes connections)
+
+# A client library instance's connection name: <name>#<12 lowercase hex>.
+_INSTANCE = re.compile(r"#[0-9a-f]{12}\Z")
+
+
+class Instance:
+    """
+    The one client all connections named C{full} stand for (a client
+    library instance); shown by its name without the instance id.  One
+    object per name while the graph refers to it, so clients still
+    compare by identity.
+    """
+
+    __slots__ = ("full", "__weakref__")
+
+    def __init__(self, full: str) -> None:
+        self.full = full
+
+    @property
+    def name(self) -> str:
+        shown = self.full[:-13]
+        return shown if shown else self.full
+
+    def __repr__(self) -> str:
+        return f"Instance({self.full!r})"
+
+
+def isInstanceName(name: object) -> bool:
+    """
+    Whether a connection's C{I} name was given by a client library
+    instance (it ends in C{#} and 12 lowercase hex characters).
+    """
+    return isinstance(name, str) and _INSTANCE.search(name) is not None
 Step = Tuple[Client, bytes]  # (client, the key it waits for)
 CycleId = FrozenSet[Client]
 
@@ -121,7 +162,12 @@ class WaitForGraph:
     def __init__(self, holderOf: Callable[[bytes], Optional[Client]],
                  maxSearch: int = 2000, maxCycles: int = 10000,
                  maxPending: int = 100000) -> None:
-        self.holderOf = holderOf
+        self.connectionHolding = holderOf
+        self._instances: "weakref.WeakValueDictionary[str, Instance]" = \
+            weakref.WeakValueDictionary()
+        # A connection's client while it waits: fixed at its first wait, so
+        # a rename (I) in between cannot split its waits over two clients.
+        self._pinned: Dict[Client, Tuple[Client, int]] = {}
         self.maxSearch = maxSearch
         self.maxCycles = maxCycles
         self.maxPending = maxPending
@@ -137,6 +183,47 @@ class WaitForGraph:
         self.unlisted = 0
         self.skipped = 0
 
+    # -- connections and clients -------------------------------------------------
+
+    def clientOf(self, conn: Optional[Client]) -> Optional[Client]:
+        """
+        The client C{conn} belongs to: its L{Instance} when its name is an
+        instance name, else the connection itself.
+        """
+        if conn is None:
+            return None
+        pinned = self._pinned.get(conn)
+        if pinned is not None:
+            return pinned[0]
+        name = getattr(conn, "name", None)
+        if not isInstanceName(name):
+            return conn
+        assert isinstance(name, str)
+        instance = self._instances.get(name)
+        if instance is None:
+            instance = self._instances[name] = Instance(name)
+        return instance
+
+    def holderOf(self, key: bytes) -> Optional[Client]:
+        """
+        The client holding C{key} now (None: free, or unknown here).
+        """
+        return self.clientOf(self.connectionHolding(key))
+
+    def _pin(self, conn: Client) -> Client:
+        who = self.clientOf(conn)
+        assert who is not None
+        self._pinned[conn] = (who, self._pinned[conn][1] + 1 if conn in self._pinned else 1)
+        return who
+
+    def _unpin(self, conn: Client) -> Client:
+        who, count = self._pinned[conn]
+        if count == 1:
+            del self._pinned[conn]
+        else:
+            self._pinned[conn] = (who, count - 1)
+        return who
+
     # -- changes (O(1), never search) ------------------------------------------
 
     def hold(self, key: bytes, who: Optional[Client]) -> None:
@@ -147,6 +234,7 @@ class WaitForGraph:
         # As unhold (inline, not a call: this runs at every grant).
         for cid in self._byKey.get(key, ()):
             self._suspect(cid)
+        who = self.clientOf(who)
         if who is not None and self._waitedFor.get(key) and who in self._waits:
             self._note((_HOLD, key, who))
 
@@ -160,8 +248,9 @@ class WaitForGraph:
 
     def wait(self, key: bytes, who: Client) -> None:
         """
-        C{who} queued for C{key}.
+        C{who} (a connection) queued for C{key}.
         """
+        who = self._pin(who)
         keys = self._waits.setdefault(who, {})
         count = keys[key] = keys.get(key, 0) + 1
         self._waitedFor[key] = self._waitedFor.get(key, 0) + 1
@@ -172,11 +261,16 @@ class WaitForGraph:
 
     def unwait(self, key: bytes, who: Client) -> None:
         """
-        One of C{who}'s waits for C{key} ended (granted, timed out, withdrawn).
+        One of C{who}'s (a connection's) waits for C{key} ended (granted,
+        timed out, withdrawn).
         """
+        if who not in self._pinned:
+            return
+        conn, who = who, self._pinned[who][0]
         keys = self._waits.get(who)
         if keys is None or key not in keys:
             return
+        self._unpin(conn)
         keys[key] -= 1
         if self._waitedFor[key] == 1:
             del self._waitedFor[key]
@@ -195,6 +289,7 @@ class WaitForGraph:
         Forget everything (this node stopped serving).
         """
         self._waits.clear()
+        self._pinned.clear()
         self._waitedFor.clear()
         self.cycles.clear()
         self._byStep.clear()

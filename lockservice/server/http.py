@@ -12,16 +12,22 @@ import base64
 import hashlib
 import hmac
 import json
+import socket
 import time
 import unicodedata
 from importlib import resources
 from itertools import islice
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.task import Cooperator, TaskFinished
+from twisted.python.failure import Failure
+from twisted.web.http import HTTPChannel
 from twisted.web.resource import IResource, Resource
-from twisted.web.server import Request, Site
+from twisted.web.server import NOT_DONE_YET, Request, Site
+from zope.interface import implementer
 
 import lockservice
 from lockservice.core import wire
@@ -33,9 +39,9 @@ from lockservice.server.monitor import Monitor
 from lockservice.server.service import LockService
 from lockservice.state import clockBehind
 
-# Defaults and ceilings of what one request may ask for: an answer is
-# built in one reactor turn, so its size is what bounds the stall it causes
-# (SPEC section 7); a larger ask is answered 400.
+# Defaults and ceilings of what one request may ask for (a larger ask is
+# answered 400).  Big answers are produced a step at a time (see
+# L{Answer}), so these bound an answer's size, not a stall.
 LOCKS_LIMIT = 1000      # keys per /locks page (default and most)
 WAITERS_LIMIT = 100     # waiters listed per key (default)
 WAITERS_MAX = 1000      # waiters listed per key (most)
@@ -212,6 +218,238 @@ def dashboard(locks: LockService, cluster: Optional[ClusterView], monitor: Monit
     }
 
 
+# -- answers produced a step at a time -----------------------------------------
+
+# Every big answer is a generator of JSON pieces: each step (one next())
+# does a bounded amount of work, about STEP_COST units (a key listed is 1,
+# a waiter listed 1, an event 1), and one Cooperator shared by every
+# request of the endpoint runs the steps of all answers in turn, at most
+# SLICE seconds per reactor turn: whatever the number of pages asked for
+# at once, the lock port waits at most one slice (SPEC section 7).  A
+# step runs only while the HTTP connection can take more (its producer
+# is not paused), so an answer nobody reads costs its connection a small
+# send buffer, not the whole page.
+STEP_COST = 200
+SLICE = 0.004
+# Unsent bytes Twisted keeps per HTTP connection beyond the kernel's
+# socket buffer before the answer is paused (its default is 64 KiB).
+SEND_BUFFER = 16 * 1024
+# The kernel's send buffer of an HTTP connection (Linux doubles it).
+KERNEL_SEND_BUFFER = 64 * 1024
+# Requests in progress at once; the next ones are answered 503 at once.
+MAX_REQUESTS = 256
+# An answer paused this long (its client reads nothing) is given up and
+# its connection aborted, so its slot comes back.
+STALL_SECONDS = 30.0
+# Request bodies larger than this (or of unknown length: chunked) are
+# refused (413) before one byte of them is read; the force-release
+# reason is the only body any page reads.
+MAX_BODY = 8 * 1024
+
+
+class Items:
+    """
+    A JSON array produced item by item: C{items} yields C{(item, cost)}
+    pairs, each made with bounded work, C{cost} units of it.
+    """
+
+    def __init__(self, items: Iterable[Tuple[Any, int]]) -> None:
+        self.items = items
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def jsonPieces(parts: Iterable[Tuple[str, Any]], stepCost: int = STEP_COST
+               ) -> Iterator[bytes]:
+    """
+    One compact JSON object, C{parts} its fields in order (a field whose
+    value is L{Items} is an array made item by item), as the pieces to
+    write: a piece after about C{stepCost} units of work, so each
+    C{next()} is a bounded step.  The parts are read lazily too: a part
+    is made when its turn comes.
+    """
+    out: List[bytes] = [b"{"]
+    cost = 0
+    for n, (name, value) in enumerate(parts):
+        out.append((b"," if n else b"") + _dumps(name) + b":")
+        if not isinstance(value, Items):
+            piece = _dumps(value)
+            out.append(piece)
+            cost += 1 + len(piece) // 100  # its size is the measure of its work
+            if cost >= stepCost:
+                yield b"".join(out)
+                out, cost = [], 0
+            continue
+        out.append(b"[")
+        first = True
+        for item, itemCost in value.items:
+            out.append(_dumps(item) if first else b"," + _dumps(item))
+            first = False
+            cost += itemCost
+            if cost >= stepCost:
+                yield b"".join(out)
+                out, cost = [], 0
+        out.append(b"]")
+    out.append(b"}\n")
+    yield b"".join(out)
+
+
+def _slice() -> Callable[[], bool]:
+    end = time.monotonic() + SLICE
+    return lambda: time.monotonic() >= end
+
+
+def makeCooperator(clock: IReactorTime) -> Cooperator:
+    """
+    The endpoint's one scheduler of answer steps: a slice of L{SLICE}
+    seconds, then the reactor runs (I/O first, so the lock port is served)
+    before the next slice.
+    """
+    return Cooperator(terminationPredicateFactory=_slice,
+                      scheduler=lambda step: clock.callLater(0, step))
+
+
+@implementer(IPushProducer)
+class Answer:
+    """
+    Writes one answer's pieces to its request, a step per turn of the
+    endpoint's L{Cooperator}, paused while the connection's send buffer is
+    full (the request's producer: L{HTTPChannel} pauses and resumes it).
+    """
+
+    def __init__(self, request: Request, pieces: Iterator[bytes],
+                 cooperator: Cooperator, clock: IReactorTime) -> None:
+        self.request = request
+        self.pieces = pieces
+        self.clock = clock
+        self.paused = False
+        self._stalled: Optional[IDelayedCall] = None
+        self.task = cooperator.cooperate(self._steps())
+        request.registerProducer(self, True)
+        request.notifyFinish().addErrback(self._lost)
+        if getattr(request.channel, "sendPaused", False):
+            self.pauseProducing()  # a pipelined request behind a full buffer
+
+    def _steps(self) -> Iterator[None]:
+        request = self.request
+        for piece in self.pieces:
+            request.write(piece)
+            yield None
+        self._cancelStall()
+        request.unregisterProducer()
+        request.finish()
+
+    def pauseProducing(self) -> None:
+        if not self.paused:
+            self.paused = True
+            self._try(self.task.pause)
+            self._stalled = self.clock.callLater(STALL_SECONDS, self._giveUp)
+
+    def resumeProducing(self) -> None:
+        if self.paused:
+            self.paused = False
+            self._cancelStall()
+            self._try(self.task.resume)
+
+    def stopProducing(self) -> None:
+        self._cancelStall()
+        self._try(self.task.stop)
+
+    def _lost(self, reason: Failure) -> None:
+        self.stopProducing()
+
+    def _giveUp(self) -> None:
+        self._stalled = None
+        channel = self.request.channel
+        if channel is not None:
+            channel.transport.abortConnection()
+
+    def _cancelStall(self) -> None:
+        if self._stalled is not None and self._stalled.active():
+            self._stalled.cancel()
+        self._stalled = None
+
+    @staticmethod
+    def _try(action: Callable[[], None]) -> None:
+        try:
+            action()
+        except TaskFinished:
+            pass  # done already (the last piece went out, or the client left)
+
+
+def _headers(request: Request, code: int = 200) -> None:
+    request.setResponseCode(code)
+    _secure(request)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"cache-control", b"no-store")
+
+
+def heldLocksParts(locks: LockService, limit: int = LOCKS_LIMIT, offset: int = 0,
+                   monitor: Optional[Monitor] = None, waiters: int = WAITERS_LIMIT
+                   ) -> List[Tuple[str, Any]]:
+    """
+    A page of held keys as L{jsonPieces} parts, C{locks} made key by key.
+    Each key is described as it is when its turn comes: a key released
+    while the page is written is left out (C{count} and C{truncated} are
+    as they were when the page was asked for).
+    """
+    table = locks.table
+    keys = table.page(offset, limit)
+
+    def entries() -> Iterator[Tuple[Dict[str, Any], int]]:
+        budget = WAITERS_TOTAL  # waiters listed in all; the rest are counted only
+        for k in keys:
+            h = table.holder(k)
+            if h is None:
+                continue
+            entry = describeLock(locks, monitor, k, h, min(waiters, budget))
+            listed = len(entry["waiters"])
+            budget -= listed
+            yield entry, 1 + listed
+
+    return [("count", len(table)), ("offset", offset), ("limit", limit),
+            ("truncated", offset + len(keys) < len(table)), ("locks", Items(entries()))]
+
+
+def statsParts(monitor: Monitor, limit: int = STATS_LIMIT) -> List[Tuple[str, Any]]:
+    """
+    L{keyStats} as L{jsonPieces} parts, the keys turned into JSON a step at
+    a time.
+    """
+    return [("tracked", len(monitor.keys)), ("capacity", monitor.keys.capacity),
+            ("keys", Items((dict(key=k.decode("utf-8", "replace"), **record.asDict()), 1)
+                           for k, record in monitor.keys.top(limit)))]
+
+
+def eventsParts(monitor: Monitor, since: int = 0, key: Optional[bytes] = None,
+                limit: int = EVENTS_LIMIT) -> List[Tuple[str, Any]]:
+    """
+    L{recentEvents} as L{jsonPieces} parts, the events turned into JSON a
+    step at a time.
+    """
+    ring = monitor.events
+    missed = ring.missed(since)
+    found, nxt = ring.since(since, key, limit)
+    return [("events", Items((event.asDict(), 1) for event in found)), ("next", nxt),
+            ("oldest", ring.oldest), ("gap", missed > 0), ("missed", missed)]
+
+
+def dashboardParts(locks: LockService, cluster: Optional[ClusterView], monitor: Monitor,
+                   seconds: int = 300) -> Iterator[Tuple[str, Any]]:
+    """
+    L{dashboard} as L{jsonPieces} parts, each made when its turn comes.
+    """
+    now = locks.clock.seconds()
+    yield "status", status(locks, cluster, monitor)
+    yield "locks", heldLocks(locks, limit=50, monitor=monitor, waiters=20)
+    yield "series", monitor.series.last(now, seconds)
+    found, _ = monitor.events.since(max(0, monitor.events.last - 50))
+    yield "events", [event.asDict() for event in reversed(found)]
+    yield "stats", keyStats(monitor, 10)["keys"]
+
+
 # -- resources ---------------------------------------------------------------
 
 
@@ -303,17 +541,27 @@ class _NodeResource(Resource):
     isLeaf = True
 
     def __init__(self, locks: LockService, cluster: Optional[ClusterView],
-                 monitor: Optional[Monitor] = None) -> None:
+                 monitor: Optional[Monitor] = None,
+                 cooperator: Optional[Cooperator] = None) -> None:
         super().__init__()
         self.locks = locks
         self.cluster = cluster
         self.monitor = monitor
+        self.cooperator = cooperator or makeCooperator(locks.clock)
 
-    def render(self, request: Request) -> bytes:
+    def render(self, request: Request) -> Any:
         try:
-            return super().render(request)  # type: ignore[no-any-return]
+            return super().render(request)
         except BadQuery as e:
             return _json(request, {"error": str(e)}, 400)
+
+    def stream(self, request: Request, parts: Iterable[Tuple[str, Any]]) -> Any:
+        """
+        Answer the JSON object of C{parts} a step at a time (L{Answer}).
+        """
+        _headers(request)
+        Answer(request, jsonPieces(parts), self.cooperator, self.locks.clock)
+        return NOT_DONE_YET
 
 
 class StatusResource(_NodeResource):
@@ -334,8 +582,9 @@ class LocksResource(_NodeResource):
 
     def __init__(self, locks: LockService, cluster: Optional[ClusterView],
                  monitor: Optional[Monitor] = None,
-                 adminSecret: Optional[bytes] = None) -> None:
-        super().__init__(locks, cluster, monitor)
+                 adminSecret: Optional[bytes] = None,
+                 cooperator: Optional[Cooperator] = None) -> None:
+        super().__init__(locks, cluster, monitor, cooperator)
         self.adminSecret = adminSecret
 
     def _path(self, request: Request) -> List[bytes]:
@@ -345,24 +594,26 @@ class LocksResource(_NodeResource):
         path = list(request.postpath or [])
         return [] if path == [b""] else path  # /locks/ is /locks
 
-    def render_GET(self, request: Request) -> bytes:
+    def render_GET(self, request: Request) -> Any:
         path = self._path(request)
         waiters = _int(request, b"waiters", WAITERS_LIMIT, 0, WAITERS_MAX)
         if path == [b"stats"]:
             if self.monitor is None:
                 return _json(request, {"error": "no statistics on this node"}, 404)
-            return _json(request, keyStats(self.monitor,
-                                           _int(request, b"limit", STATS_LIMIT, 0,
-                                                STATS_MAX)), compact=True)
-        if path:
-            return _json(request, heldLocks(self.locks, _key(b"/".join(path)),
-                                            monitor=self.monitor, waiters=waiters))
-        return _json(request, heldLocks(
-            self.locks, _key(_arg(request, b"key")),
-            limit=_int(request, b"limit", LOCKS_LIMIT, 0, LOCKS_LIMIT),
-            offset=_int(request, b"offset", 0, 0),
-            monitor=self.monitor, waiters=waiters,
-        ), compact=True)
+            return self.stream(request, statsParts(
+                self.monitor, _int(request, b"limit", STATS_LIMIT, 0, STATS_MAX)))
+        key = _key(b"/".join(path)) if path else _key(_arg(request, b"key"))
+        limit = _int(request, b"limit", LOCKS_LIMIT, 0, LOCKS_LIMIT)
+        offset = _int(request, b"offset", 0, 0)
+        if key is not None:
+            # One key (up to WAITERS_MAX waiters) is one step, made on
+            # the Cooperator's turn: a queue cannot be read across turns.
+            def one(key: bytes = key) -> Iterator[Tuple[str, Any]]:
+                yield from heldLocks(self.locks, key, monitor=self.monitor,
+                                     waiters=waiters).items()
+            return self.stream(request, one())
+        return self.stream(request, heldLocksParts(
+            self.locks, limit, offset, self.monitor, waiters))
 
     def render_POST(self, request: Request) -> bytes:
         path = self._path(request)
@@ -415,22 +666,22 @@ class LocksResource(_NodeResource):
 
 
 class EventsResource(_NodeResource):
-    def render_GET(self, request: Request) -> bytes:
+    def render_GET(self, request: Request) -> Any:
         assert self.monitor is not None
-        return _json(request, recentEvents(
+        return self.stream(request, eventsParts(
             self.monitor,
             since=_int(request, b"since", 0, 0, 2**63),
             key=_key(_arg(request, b"key")),
             limit=_int(request, b"limit", EVENTS_LIMIT, 1, EVENTS_LIMIT),
-        ), compact=True)
+        ))
 
 
 class DashboardDataResource(_NodeResource):
-    def render_GET(self, request: Request) -> bytes:
+    def render_GET(self, request: Request) -> Any:
         assert self.monitor is not None
-        return _json(request, dashboard(self.locks, self.cluster, self.monitor,
-                                        _int(request, b"seconds", 300, 1, 3600)),
-                     compact=True)
+        return self.stream(request, dashboardParts(
+            self.locks, self.cluster, self.monitor,
+            _int(request, b"seconds", 300, 1, 3600)))
 
 
 class MetricsResource(Resource):
@@ -503,34 +754,153 @@ class _Root(Resource):
 
 def makeRoot(locks: LockService, cluster: Optional[ClusterView],
              monitor: Optional[Monitor] = None,
-             adminSecret: Optional[bytes] = None) -> Resource:
+             adminSecret: Optional[bytes] = None,
+             cooperator: Optional[Cooperator] = None) -> Resource:
     """
     The resource tree; a L{Monitor} is made (and attached to C{locks})
     when none is given.
+
+    @param cooperator: runs the steps of every big answer (one for the
+        whole tree, so the slice per reactor turn is shared by all
+        requests); by default one on C{locks.clock}.
     """
     if monitor is None:
         monitor = Monitor(locks.clock, locks.table.clientOf)
         locks.activity.append(monitor)
+    if cooperator is None:
+        cooperator = makeCooperator(locks.clock)
     metrics = Metrics(locks, cluster, monitor)
     root = _Root()
     root.putChild(b"", PageResource())
-    root.putChild(b"dashboard.json", DashboardDataResource(locks, cluster, monitor))
-    root.putChild(b"status", StatusResource(locks, cluster, monitor))
-    root.putChild(b"locks", LocksResource(locks, cluster, monitor, adminSecret))
-    root.putChild(b"events", EventsResource(locks, cluster, monitor))
+    root.putChild(b"dashboard.json",
+                  DashboardDataResource(locks, cluster, monitor, cooperator))
+    root.putChild(b"status", StatusResource(locks, cluster, monitor, cooperator))
+    root.putChild(b"locks", LocksResource(locks, cluster, monitor, adminSecret, cooperator))
+    root.putChild(b"events", EventsResource(locks, cluster, monitor, cooperator))
     root.putChild(b"metrics", MetricsResource(metrics))
     return root
+
+
+# -- the site: admission, send buffers, request bodies ---------------------------
+
+
+class NodeChannel(HTTPChannel):
+    """
+    One HTTP connection: a small send buffer, and request bodies over
+    L{MAX_BODY} (or chunked, of unknown length) refused with 413 before
+    they are read (twisted.web would spool them to a temporary file).
+
+    @ivar sendPaused: the transport's send buffer is full (an L{Answer}
+        registered now starts paused).
+    """
+
+    sendPaused = False
+    refused = False
+    maxBody = MAX_BODY
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        if hasattr(self.transport, "bufferSize"):
+            # What is kept beyond the kernel's buffer before the answer's
+            # producer is paused: 3,000 clients that never read cost
+            # 3,000 small buffers.
+            self.transport.bufferSize = SEND_BUFFER
+        handle = getattr(self.transport, "getHandle", lambda: None)()
+        if isinstance(handle, socket.socket) and handle.family != socket.AF_UNIX:
+            # And a small kernel buffer: loopback's autotuning would take
+            # megabytes per connection from the machine (not our RSS) for
+            # a client that never reads.
+            handle.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, KERNEL_SEND_BUFFER)
+
+    def allHeadersReceived(self) -> None:
+        if self.length is None or self.length > self.maxBody:
+            self.refused = True
+            body = _dumps({"error": f"request bodies over {self.maxBody} bytes "
+                                    f"(or chunked) are refused"}) + b"\n"
+            self.transport.write(
+                b"HTTP/1.1 413 Content Too Large\r\n"
+                b"Content-Type: application/json\r\n"
+                b"X-Content-Type-Options: nosniff\r\n"
+                b"Connection: close\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            # Nothing more is read: the rest of this read is dropped by
+            # LineReceiver (the transport is disconnecting), later reads
+            # by dataReceived.
+            self.loseConnection()
+            return
+        super().allHeadersReceived()
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self.refused:
+            super().dataReceived(data)
+
+    def pauseProducing(self) -> None:
+        self.sendPaused = True
+        super().pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.sendPaused = False
+        super().resumeProducing()
+
+
+class NodeRequest(Request):
+    """
+    A request admitted only while fewer than the site's C{maxRequests}
+    are in progress; above it, answered 503 at once (fast refusal, never a
+    stall).
+    """
+
+    def process(self) -> None:
+        site: NodeSite = self.channel.site
+        if site.inProgress >= site.maxRequests:
+            site.refusedBusy += 1
+            self.site = site
+            self.setResponseCode(503)
+            _secure(self)
+            self.setHeader(b"content-type", b"application/json")
+            self.setHeader(b"retry-after", b"1")
+            self.write(_dumps({"error": "too many HTTP requests at once; retry"}) + b"\n")
+            self.finish()
+            return
+        site.inProgress += 1
+        self.notifyFinish().addBoth(site._finished)
+        super().process()
+
+
+class NodeSite(Site):
+    """
+    The endpoint's site: L{NodeChannel} connections, L{NodeRequest}s.
+
+    @ivar inProgress: requests being answered now.
+    @ivar refusedBusy: requests answered 503 since start.
+    """
+
+    protocol = NodeChannel
+    requestFactory = NodeRequest
+    maxRequests = MAX_REQUESTS
+
+    def __init__(self, resource: IResource, **kw: Any) -> None:
+        super().__init__(resource, **kw)
+        self.inProgress = 0
+        self.refusedBusy = 0
+        self.noisy = False
+
+    def _finished(self, result: object) -> None:
+        self.inProgress -= 1
+
+    def log(self, request: Request) -> None:
+        pass  # no access log (the node's log is for the lock service)
 
 
 def makeHTTPService(reactor: Any, description: str, locks: LockService,
                     cluster: Optional[ClusterView], monitor: Optional[Monitor] = None,
                     adminSecret: Optional[bytes] = None) -> StreamServerEndpointService:
-    site = Site(makeRoot(locks, cluster, monitor, adminSecret))
-    site.noisy = False
-    site.log = lambda request: None  # type: ignore[method-assign, assignment]
+    # Idle keep-alive connections are closed after a minute (twisted.web
+    # keeps them for 12 hours).
+    site = NodeSite(makeRoot(locks, cluster, monitor, adminSecret), timeout=60)
     service = StreamServerEndpointService(serverFromString(reactor, description), site)
     raiseBindErrorsAtStart(service)
     return service
 
 
-__all__: Tuple[str, ...] = ("makeRoot", "makeHTTPService", "status", "heldLocks")
+__all__: Tuple[str, ...] = ("makeRoot", "makeHTTPService", "status", "heldLocks", "NodeSite")

@@ -18,7 +18,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from lockservice.core import wire
-from lockservice.internals import plainSocket, sendNow
+from lockservice.internals import END_OF_INPUT, plainSocket, sendNow
 from lockservice.server.admission import (  # noqa: F401 (re-exported for the tests)
     ADDRESS_STALE_BURST,
     ADDRESS_STALE_RATE,
@@ -34,6 +34,7 @@ from lockservice.server.admission import (  # noqa: F401 (re-exported for the te
     Admission,
     StaleWindow,
 )
+from lockservice.server.hangups import HangUpSweep
 from lockservice.server.service import LockService, PendingAcquire
 from lockservice.tcp import noDelay
 
@@ -136,6 +137,9 @@ class LockProtocol(LineOnlyReceiver):
         # and paused by us (held-back answers or queued acquires).
         self._writePaused = False
         self._readPaused = False
+        # The same, for the hand-over and the hang-up sweep: a connection
+        # not read must have its socket checked (see server/hangups.py).
+        self.notRead = False
         self._heldBytes = 0
         self._queued = 0
         self._lost = False
@@ -236,7 +240,8 @@ class LockProtocol(LineOnlyReceiver):
         paused = self._writePaused or self._overloaded() or self._slowed is not None
         if paused == self._readPaused or self.gone:
             return
-        self._readPaused = paused
+        self._readPaused = self.notRead = paused
+        self.factory.hangUps.watch(self, paused)
         if paused:
             self.transport.pauseProducing()  # type: ignore[union-attr]
         else:
@@ -244,6 +249,31 @@ class LockProtocol(LineOnlyReceiver):
 
     def stopProducing(self) -> None:
         pass  # the connection is going away; connectionLost cleans up
+
+    def hungUp(self) -> bool:
+        """
+        For a connection not read: when its socket says the peer went away
+        (L{lockservice.internals.peerHungUp}), treat it as lost, as the
+        reactor would once it read: its waiters are passed by and
+        withdrawn.  A reset closes it (nobody reads what we would write);
+        an end of input (nothing left unread before it) is handled as the
+        reactor's C{readConnectionLost}.
+
+        @return: True when the peer went away.
+        """
+        what = self.factory.hangUps.check(self.transport)
+        if what is None or (what == END_OF_INPUT and self._putOff):
+            return False  # input put off to the next iteration comes first
+        if what == END_OF_INPUT:
+            self.readConnectionLost()
+        else:
+            # Lost: nobody reads what we would write, and input put off is
+            # dropped, as at any reset of a connection not read.
+            self._lost = True
+            self._putOff = b""
+            self._leave(writeDecided=False)
+            self.transport.abortConnection()  # type: ignore[union-attr]
+        return True
 
     # -- writing ---------------------------------------------------------
 
@@ -387,6 +417,7 @@ class LockProtocol(LineOnlyReceiver):
 
     def _acquire(self, request: wire.Acquire) -> None:
         waiter = PendingAcquire(request.key, request.lease, self)
+        waiter.share = request.share
         answer = self.service.acquire(waiter, request.wait)
         earlier = self._pending.get(request.key)
         if answer is not None and not earlier:
@@ -475,6 +506,7 @@ class LockProtocol(LineOnlyReceiver):
             self.peer.connectionLost(reason)
             self.peer = None
         self.service.connections.discard(self)
+        self.factory.hangUps.forget(self)
         self._leave(writeDecided=False)
 
 
@@ -546,6 +578,7 @@ class LockFactory(Factory):
         self.service = service
         self.peerAcceptor = peerAcceptor
         self.readBudget = ReadBudget(service.clock)
+        self.hangUps = HangUpSweep(service.clock)
         self.admission = Admission(maxConnections, acceptsPeers=peerAcceptor is not None)
 
     @property

@@ -94,7 +94,7 @@ class AnswerTurn:
         this process has not just been frozen).
     """
 
-    def __init__(self, clock: Any, gate: HookGate, failed: Callable[[str], None]) -> None:
+    def __init__(self, clock: Any, gate: Gate, failed: Callable[[str], None]) -> None:
         self.clock = clock
         self.gate = gate
         self._failed = failed
@@ -178,6 +178,17 @@ class AnswerTurn:
         """
         self._held.append((self._position, conn))
         self._retrySoon()
+
+    def reachedMoved(self) -> None:
+        """
+        The gate's reached position moved on (a standby acknowledged):
+        send what may go now rather than at the next retry.
+        """
+        if self._held and self._held[0][0] <= self.gate.reached():
+            if self._retry is not None and self._retry.active():
+                self._retry.cancel()
+            self._retry = None
+            self._release()
 
     def _retrySoon(self) -> None:
         if self._retry is None:
