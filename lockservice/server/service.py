@@ -392,8 +392,9 @@ class LockService(Mirroring, Service):
         self.leases.file(key, token, expiresAt)
         if expiresAt < self.alarm.at:
             self.alarm.arm(expiresAt)
-        elif not self.alarm.firing and self.leases.entries > 2 * (len(self.table) + self.table.sharedGrants) + 4096:
-            # (LeaseDeadlines.crowded over table.grantCount(), inline: this runs at every grant.)
+        elif (not self.alarm.firing
+              and self.leases.entries > 2 * (len(self.table) + self.table.sharedGrants) + 4096):
+            # (LeaseDeadlines.crowded over every grant, inline: this runs at every grant.)
             self._fileAllLeases()
 
     def _fileAllLeases(self) -> None:
