@@ -11,9 +11,12 @@ leases and ends waits, and says what changed.  Its rooms, one job each:
     waiters.py    queued acquires and the runs of a gone connection
     chores.py     background work (withdrawals), bounded per reactor turn
     stats.py      the plain counters
+    mirror.py     what the cluster drives: tokens, redirects, the mirror
 
 Whether this node may serve at all (active or standby) is decided by the
-cluster layer through L{LockService.setRole}.
+cluster layer through L{LockService.setRole}.  Connections, and who may
+connect, are L{lockservice.server.protocol} and
+L{lockservice.server.admission}.
 """
 
 from __future__ import annotations
@@ -389,8 +392,9 @@ class LockService(Mirroring, Service):
         self.leases.file(key, token, expiresAt)
         if expiresAt < self.alarm.at:
             self.alarm.arm(expiresAt)
-        elif not self.alarm.firing and self.leases.entries > 2 * (len(self.table) + self.table.sharedGrants) + 4096:
-            # (LeaseDeadlines.crowded over table.grantCount(), inline: this runs at every grant.)
+        elif (not self.alarm.firing
+              and self.leases.entries > 2 * (len(self.table) + self.table.sharedGrants) + 4096):
+            # (LeaseDeadlines.crowded over every grant, inline: this runs at every grant.)
             self._fileAllLeases()
 
     def _fileAllLeases(self) -> None:
