@@ -34,7 +34,9 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
-SCENARIOS = ("uncontended", "contended", "echo")
+SCENARIOS = ("uncontended", "contended", "echo", "dflockd-uncontended", "dflockd-contended")
+# The peer measured against (see /work/shared/anchors/README.md): dflockd.
+DFLOCKD = os.environ.get("LOCKSERVICE_BENCH_DFLOCKD", "/work/shared/anchors/dflockd-go")
 LATENCY_SAMPLES = 200_000
 
 
@@ -111,8 +113,67 @@ def _singleWorker(host: str, port: int, scenario: str, warmup: float, duration: 
     results.put({"pairs": pairs, "latencies": latencies, "timeouts": 0, "errors": errors})
 
 
+def _dflockdWorker(host: str, port: int, scenario: str, conns: int, warmup: float,
+                   duration: float, ident: int, results: Any) -> None:
+    """
+    Closed-loop acquire+release pairs against dflockd (3-line requests:
+    C{l\\n<key>\\n<timeout> <lease>\\n} answered C{ok <token> <lease>},
+    C{r\\n<key>\\n<token>\\n} answered C{ok}), one request at a time per
+    connection.
+    """
+    sel = selectors.DefaultSelector()
+    now = time.perf_counter
+    state: Dict[socket.socket, List[Any]] = {}
+    for i in range(conns):
+        sock = socket.create_connection((host, port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        key = b"hot" if scenario == "dflockd-contended" else b"k%d-%d" % (ident, i)
+        state[sock] = [key, b"l", b"", now()]  # key, waiting for, buffer, sent at
+        sel.register(sock, selectors.EVENT_READ)
+        sock.send(b"l\n" + key + b"\n30 30\n")
+    measureFrom = now() + warmup
+    stopAt = measureFrom + duration
+    latencies: List[float] = []
+    pairs = errors = 0
+    while now() < stopAt:
+        for selectorKey, _ in sel.select(0.5):
+            sock = selectorKey.fileobj  # type: ignore[assignment]
+            entry = state[sock]
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            if not data:
+                raise SystemExit("dflockd closed a connection")
+            lines = (entry[2] + data).split(b"\n")
+            entry[2] = lines.pop()
+            for line in lines:
+                t = now()
+                if not line.startswith(b"ok"):
+                    errors += 1
+                if entry[1] == b"l":
+                    if measureFrom <= t and len(latencies) < LATENCY_SAMPLES:
+                        latencies.append(t - entry[3])
+                    fields = line.split()
+                    entry[1] = b"r"
+                    sock.send(b"r\n" + entry[0] + b"\n" + (fields[1] if len(fields) > 1
+                                                            else b"0") + b"\n")
+                else:
+                    if measureFrom <= t < stopAt:
+                        pairs += 1
+                    entry[1] = b"l"
+                    entry[3] = t
+                    sock.send(b"l\n" + entry[0] + b"\n30 30\n")
+    for sock in state:
+        sock.close()
+    results.put({"pairs": pairs, "latencies": latencies, "timeouts": 0, "errors": errors})
+
+
 def _worker(host: str, port: int, scenario: str, conns: int, depth: int, warmup: float,
             duration: float, ident: int, results: Any, shard: Shard = None) -> None:
+    if scenario.startswith("dflockd-"):
+        return _dflockdWorker(host, port, scenario, conns, warmup, duration, ident, results)
     if conns == 1 and depth == 1:
         return _singleWorker(host, port, scenario, warmup, duration, ident, results, shard)
     hot = _keyOn(b"hot", shard)
@@ -386,6 +447,101 @@ def suite(duration: float, conns: List[int], depth: int, cluster: bool = True,
         if trio is not None:
             trio.stop()
     return rows
+
+
+def ratios(duration: float, rounds: int = 3, out=print) -> Dict[str, Any]:  # type: ignore[no-untyped-def]
+    """
+    The targets of issue 20, as ratios measured side by side: the single
+    node (operator's view on) against the echo server's round trips ÷ 2
+    (uncontended, C=64), against dflockd (uncontended C=64, contended
+    C=16), and the monitor's share of server CPU per pair (the same node
+    with the monitor detached, for this comparison only).  Each is the
+    median of C{rounds} interleaved runs (A B A B ...).
+    """
+    import statistics
+
+    from lockservice.testing.harness import Node, freePort
+
+    os.environ["LOCKSERVICE_BENCH_DETACH_MONITOR"] = "1"
+    try:
+        detached = Node(freePort()).start()
+    finally:
+        del os.environ["LOCKSERVICE_BENCH_DETACH_MONITOR"]
+    node = Node(freePort()).start()
+    echoPort = freePort()
+    echo = _startEcho(echoPort)
+    dflockd = None
+    dflockdPort = freePort()
+    if os.access(DFLOCKD, os.X_OK):
+        dflockd = subprocess.Popen([DFLOCKD, "--host", "127.0.0.1", "--port", str(dflockdPort),
+                                    "--max-locks", "1000000"], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", dflockdPort), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+    runs: Dict[str, List[Dict[str, Any]]] = {}
+    plan = [("echo", f"127.0.0.1:{echoPort}", "echo", 64, echo.pid),
+            ("on", node.address, "uncontended", 64, node.pid),
+            ("off", detached.address, "uncontended", 64, detached.pid),
+            ("on contended", node.address, "contended", 16, node.pid)]
+    if dflockd is not None:
+        plan += [("dflockd", f"127.0.0.1:{dflockdPort}", "dflockd-uncontended", 64, dflockd.pid),
+                 ("dflockd contended", f"127.0.0.1:{dflockdPort}", "dflockd-contended", 16,
+                  dflockd.pid)]
+    try:
+        for _ in range(rounds):
+            for name, addr, scenario, conns, pid in plan:
+                runs.setdefault(name, []).append(
+                    run(addr, scenario, conns, 1, duration, serverPid=pid, progress=False))
+    finally:
+        node.stop()
+        detached.stop()
+        echo.kill()
+        echo.wait()
+        if dflockd is not None:
+            dflockd.kill()
+            dflockd.wait()
+
+    def median(name: str, field: str) -> float:
+        return statistics.median(r.get(field) or 0.0 for r in runs[name])
+
+    def ratio(a: str, fa: str, b: str, fb: str, scale: float = 1.0) -> Optional[float]:
+        if a not in runs or b not in runs:
+            return None
+        # The median of the per-round ratios (each round is one A B pair).
+        values = [(x.get(fa) or 0.0) / ((y.get(fb) or 0.0) * scale or 1.0)
+                  for x, y in zip(runs[a], runs[b], strict=True)]
+        return round(statistics.median(values), 3)
+
+    result = {
+        "rounds": rounds,
+        "single_vs_echo_half": ratio("on", "pairs_per_s", "echo", "round_trips_per_s", 0.5),
+        "single_vs_dflockd_uncontended": ratio("on", "pairs_per_s", "dflockd", "pairs_per_s"),
+        "contended_vs_dflockd": ratio("on contended", "pairs_per_s", "dflockd contended",
+                                      "pairs_per_s"),
+        "monitor_cpu_share": None,
+        "pairs_per_s": {name: median(name, "pairs_per_s" if name != "echo"
+                                     else "round_trips_per_s") for name in runs},
+        "server_cpu_us_per_pair": {name: median(name, "server_cpu_us_per_pair")
+                                   for name in runs if name != "echo"},
+    }
+    shares = [1 - (off.get("server_cpu_us_per_pair") or 0.0)
+              / (on.get("server_cpu_us_per_pair") or 1.0)
+              for on, off in zip(runs["on"], runs["off"], strict=True)]
+    result["monitor_cpu_share"] = round(statistics.median(shares), 3)
+    out(f"ratios, median of {rounds} interleaved runs of {duration:g} s:")
+    out(f"  single node (monitor on) uncontended C=64 vs echo rt/s / 2: "
+        f"{result['single_vs_echo_half']}  (target >= 0.9)")
+    out(f"  single node vs dflockd-go, uncontended C=64: {result['single_vs_dflockd_uncontended']}")
+    out(f"  contended C=16 hand-offs vs dflockd-go: {result['contended_vs_dflockd']}  "
+        "(target >= 1.0)")
+    out(f"  operator's view share of server CPU per pair (on vs detached): "
+        f"{result['monitor_cpu_share']:.1%}  (target <= 5%)")
+    return result
 
 
 def _waitForOneActive(trio: Any, activeNodes: Any) -> Any:
@@ -702,6 +858,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     s.add_argument("--json", action="store_true")
     s.add_argument("--no-cluster", action="store_true",
                    help="skip the active-of-3-nodes rows")
+    s.add_argument("--rounds", type=int, default=3,
+                   help="interleaved runs behind each ratio (0: no ratios)")
     e = sub.add_parser("echo-server", help="the baseline: a trivial Twisted line echo server")
     e.add_argument("--port", type=int, required=True)
     m = sub.add_parser("memory", help="RSS with many held keys and many idle connections")
@@ -748,6 +906,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows = suite(args.duration, [int(c) for c in args.connections.split(",")], args.depth,
                      cluster=not args.no_cluster)
         print(json.dumps(rows, indent=2) if args.json else formatTable(rows))
+        if args.rounds > 0:
+            found = ratios(args.duration, args.rounds,
+                           out=(lambda line: None) if args.json else print)
+            if args.json:
+                print(json.dumps(found, indent=2))
         return 0
     print(json.dumps(memory(args.keys, args.idle), indent=2))
     return 0

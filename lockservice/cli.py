@@ -3,10 +3,11 @@
 The C{lockservice} command.
 
     lockservice status [URL]
-    lockservice acquire KEY [--lease S] [--wait S] [connection options]
+    lockservice acquire KEY [--lease S] [--wait S] [--read | --slots N] [connection options]
     lockservice release KEY TOKEN [connection options]
     lockservice release --force KEY --reason TEXT [--http URL] --admin-secret FILE
-    lockservice run KEY [--lease S] [--wait S] [--grace S] [connection options] -- CMD ARGS...
+    lockservice run KEY [--lease S] [--wait S] [--read | --slots N] [--grace S]
+                    [connection options] -- CMD ARGS...
     lockservice shell [HOST:PORT] [--tls-ca FILE ...]
     lockservice events [KEY] [--follow] [--http URL]
     lockservice bench ...            (see python -m lockservice.bench --help)
@@ -21,6 +22,7 @@ Exit status: see L{EXIT_STATUSES} (and docs/operations.md).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -30,7 +32,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
 
 EX_OK = 0
 EX_STALE = 1  # release answered STALE; release --force: the key was not held
@@ -48,9 +53,12 @@ EXIT_STATUSES = {
               "rejected the request (E)",
     EX_NOT_ACTIVE: "release --force: that node is a standby (HTTP 409); "
                    "send it to the active's HTTP endpoint",
-    EX_UNAVAILABLE: "no node (or HTTP endpoint) reachable",
+    EX_UNAVAILABLE: "no node (or HTTP endpoint) reachable, or it does not speak what "
+                    "was expected (the lock port given for --http, or the reverse)",
     EX_LOST: "run: the lock was lost while CMD ran; CMD was stopped",
     EX_TEMPFAIL: "the wait ran out without a grant (acquire, run)",
+    126: "run: CMD was found but could not be run",
+    127: "run: CMD was not found",
     EX_NOPERM: "release --force refused: wrong admin secret, or none configured",
 }
 
@@ -82,8 +90,17 @@ def defaultName() -> str:
 
 
 def _baseURL(url: str) -> str:
-    if not url.startswith(("http://", "https://")):
+    if "://" not in url:
         url = "http://" + url
+    try:
+        where = (urllib.parse.urlsplit(url)
+                 if url.isprintable() and not any(c.isspace() for c in url) else None)
+        host = where.hostname if where is not None else None
+    except ValueError:  # "Invalid IPv6 URL", a bad port
+        where = host = None
+    if where is None or where.scheme not in ("http", "https") or not host:
+        raise CommandError(f"{url!r} is not an http:// or https:// URL of a node's "
+                           f"--http endpoint", EX_USAGE)
     return url.rstrip("/")
 
 
@@ -93,18 +110,42 @@ def _http(url: str, data: Optional[bytes] = None,
     One HTTP request; the decoded JSON answer.  HTTP errors are returned as
     C{urllib.error.HTTPError} for the caller to map.
     """
-    request = urllib.request.Request(url, data=data, headers=headers or {},
-                                     method="POST" if data is not None else "GET")
+    try:
+        request = urllib.request.Request(url, data=data, headers=headers or {},
+                                         method="POST" if data is not None else "GET")
+    except ValueError as e:  # urlsplit's "Invalid IPv6 URL" and kin
+        raise CommandError(f"{url!r} is not a valid URL: {e}", EX_USAGE) from None
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
+            body = response.read()
     except urllib.error.HTTPError:
         raise
+    except http.client.HTTPException:
+        # BadStatusLine and kin: something answered, but not HTTP (the
+        # lock port answers "E * /status unknown operation").
+        where = urllib.parse.urlsplit(url)
+        raise CommandError(f"{where.scheme}://{where.netloc} is not an HTTP endpoint "
+                           f"(is it the lock port?)", EX_UNAVAILABLE) from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise CommandError(f"cannot reach {url}: {reason}", EX_UNAVAILABLE) from None
+    except ValueError as e:  # http.client.InvalidURL, a bad header value
+        raise CommandError(f"cannot send to {url}: {e}", EX_USAGE) from None
+    try:
+        return json.loads(body)
     except ValueError:
         raise CommandError(f"{url} did not answer JSON", EX_UNAVAILABLE) from None
+
+
+def _object(answer: Any, url: str, needs: tuple = ()) -> Dict[str, Any]:
+    """
+    C{answer} if it is a JSON object with the fields C{needs}: else the
+    URL is not the endpoint it was taken for (one line, exit 69).
+    """
+    if not isinstance(answer, dict) or any(field not in answer for field in needs):
+        raise CommandError(f"{url} did not answer as a lockservice node does "
+                           f"(is it a node's --http endpoint?)", EX_UNAVAILABLE)
+    return answer
 
 
 def _jsonBody(e: urllib.error.HTTPError) -> Dict[str, Any]:
@@ -119,7 +160,8 @@ def fetchStatus(url: str) -> Dict[str, Any]:
     if not url.endswith("/status"):
         url += "/status"
     try:
-        return dict(_http(url))
+        return _object(_http(url), url, ("role", "held_keys", "waiters", "connections",
+                                          "highest_token", "uptime_seconds", "version"))
     except urllib.error.HTTPError as e:
         raise CommandError(f"{url} answered {e.code} {e.reason}", EX_UNAVAILABLE) from None
 
@@ -181,6 +223,12 @@ def eventsCommand(args: argparse.Namespace) -> int:
             except urllib.error.HTTPError as e:
                 raise CommandError(f"{url} answered {e.code} {e.reason}",
                                    EX_UNAVAILABLE) from None
+            answer = _object(answer, url, ("events",))
+            if not isinstance(answer["events"], list) or not all(
+                    isinstance(e, dict) and {"seq", "time", "type"} <= e.keys()
+                    for e in answer["events"]):
+                raise CommandError(f"{url} did not answer events as a lockservice node "
+                                   f"does", EX_UNAVAILABLE)
             missed = int(answer.get("missed", 0) or 0)
             if missed and since > 0:
                 # One line per gap: the node's ring dropped events this
@@ -213,6 +261,9 @@ def forceReleaseCommand(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as e:
         raise CommandError(f"cannot read --admin-secret {args.admin_secret}: "
                            f"{getattr(e, 'strerror', None) or e}", EX_USAGE) from None
+    if not secret or not secret.isprintable():
+        raise CommandError(f"--admin-secret {args.admin_secret} must hold the secret on "
+                           f"one line", EX_USAGE)
     url = f"{_baseURL(args.http)}/locks/{urllib.parse.quote(args.key, safe='')}/release"
     body = urllib.parse.urlencode({"reason": args.reason}).encode()
     try:
@@ -291,15 +342,34 @@ async def _connected(reactor: Any, args: argparse.Namespace) -> Any:
     except NoConnection as e:
         await client.close()
         raise CommandError(f"cannot reach lockservice: {e}", EX_UNAVAILABLE) from None
+    # One ping per cluster: a port that accepts connections but does not
+    # speak the lock protocol (the --http port by mistake) would otherwise
+    # leave an acquire waiting forever.
+    for cluster in clusters:
+        answered = False
+        try:
+            answered = await client.ping("cli").addTimeout(5, reactor)
+        except Exception:
+            pass
+        if not answered:
+            await client.close()
+            raise CommandError(f"{','.join(cluster)} does not answer the lock protocol "
+                               f"(is it the HTTP port?)", EX_UNAVAILABLE)
     return client
 
 
 async def _acquire(client: Any, key: str, lease: float, wait: float,
-                   keepAlive: bool = False) -> Any:
+                   keepAlive: bool = False, share: Any = None) -> Any:
+    """
+    C{client.acquire}, its failures as L{CommandError}s.  C{share} is
+    C{None} (exclusive), C{"r"} (a read lock) or a slot count 2-65535.
+    """
     from lockservice.client.errors import LockRejected, LockTimeout, NoConnection
 
+    # No share= for an exclusive lock: the plain call every client takes.
+    extra: Dict[str, Any] = {} if share is None else {"share": share}
     try:
-        return await client.acquire(key, lease, wait, keepAlive=keepAlive)
+        return await client.acquire(key, lease, wait, keepAlive=keepAlive, **extra)
     except LockTimeout:
         raise CommandError(f"no grant for {key!r} within {wait:g} s", EX_TEMPFAIL) from None
     except LockRejected as e:
@@ -311,7 +381,7 @@ async def _acquire(client: Any, key: str, lease: float, wait: float,
 async def acquireCommand(reactor: Any, args: argparse.Namespace) -> int:
     client = await _connected(reactor, args)
     try:
-        lock = await _acquire(client, args.key, args.lease, args.wait)
+        lock = await _acquire(client, args.key, args.lease, args.wait, share=args.share)
         print(lock.token)
         return EX_OK
     finally:
@@ -337,61 +407,59 @@ async def releaseCommand(reactor: Any, args: argparse.Namespace) -> int:
 async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
     """
     Hold the lock while CMD runs, renewing it every third of the lease;
-    release when CMD ends (Ctrl+C and SIGTERM are passed on to CMD) and exit
-    with CMD's status.  If the lock is lost meanwhile, CMD gets SIGTERM,
-    then SIGKILL after C{--grace} seconds, one line says why, and the exit
-    status is L{EX_LOST}.
+    release when CMD ends (Ctrl+C and SIGTERM are passed on to CMD's
+    process group) and exit with CMD's status.  If the lock is lost
+    meanwhile, CMD's process group gets SIGTERM, then SIGKILL after
+    C{--grace} seconds, one line says why, and the exit status is
+    L{EX_LOST}.  Either way nothing left in CMD's group outlives C{run}.
     """
-    from twisted.internet.defer import Deferred
-    from twisted.internet.protocol import ProcessProtocol
-
     command: List[str] = args.command
     client = await _connected(reactor, args)
+    group: Optional[CommandGroup] = None
+    previous: Dict[int, Any] = {}
     try:
-        lock = await _acquire(client, args.key, args.lease, args.wait, keepAlive=True)
-        ended: "Deferred[int]" = Deferred()
-
-        class Child(ProcessProtocol):
-            def processEnded(self, reason: Any) -> None:
-                code = reason.value.exitCode
-                sig = reason.value.signal
-                ended.callback(code if code is not None else 128 + (sig or 0))
-
-        env = dict(os.environ, LOCKSERVICE_KEY=args.key, LOCKSERVICE_TOKEN=str(lock.token))
-        try:
-            process = reactor.spawnProcess(
-                Child(), command[0], command, env=env, childFDs={0: 0, 1: 1, 2: 2},
-                usePTY=False,
-            )
-        except OSError as e:
-            await client.release(lock)
-            raise CommandError(f"cannot run {command[0]}: {e}", 127) from None
-
-        state: Dict[str, Any] = {"lost": None, "kill": None}
-
-        def lost(why: Any) -> None:
-            if ended.called:
-                return
-            state["lost"] = why
-            print(f"lockservice: {why}; stopping {command[0]} "
-                  f"(SIGTERM, SIGKILL after {args.grace:g} s)", file=sys.stderr, flush=True)
-            _signalChild(process, "TERM")
-            state["kill"] = reactor.callLater(args.grace, _signalChild, process, "KILL")
-
-        lock.lost.addCallback(lost)
+        lock = await _acquire(client, args.key, args.lease, args.wait, keepAlive=True,
+                              share=args.share)
+        state: Dict[str, Any] = {"lost": None, "pending": None}
 
         def passOn(signum: int, frame: Any) -> None:
-            name = {int(signal.SIGINT): "INT", int(signal.SIGTERM): "TERM"}[signum]
-            reactor.callFromThread(_signalChild, process, name)
+            if group is None:
+                state["pending"] = signum  # CMD is being started: it gets it next
+            else:
+                reactor.callFromThread(group.signal, signum)
 
+        # Handlers first: CMD then starts with SIGINT/SIGTERM at their
+        # defaults even where run inherited them ignored (exec resets
+        # handled signals, not ignored ones).
         previous = {s: signal.signal(s, passOn) for s in (signal.SIGINT, signal.SIGTERM)}
+        env = dict(os.environ, LOCKSERVICE_KEY=args.key, LOCKSERVICE_TOKEN=str(lock.token))
         try:
-            status = await ended
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            if state["kill"] is not None and state["kill"].active():
-                state["kill"].cancel()
+            group = CommandGroup(reactor, command, env)
+        except OSError as e:
+            await client.release(lock)
+            # The shell's statuses: 127 not found, 126 found but not runnable.
+            raise CommandError(f"cannot run {command[0]}: {e.strerror or e}",
+                               127 if isinstance(e, FileNotFoundError) else 126) from None
+        if state["pending"] is not None:
+            group.signal(state["pending"])
+
+        def lost(why: Any) -> None:
+            if group is None or group.ended.called:
+                return
+            state["lost"] = why
+            print(f"lockservice: {why}; stopping {command[0]} and its process group "
+                  f"(SIGTERM, SIGKILL after {args.grace:g} s)", file=sys.stderr, flush=True)
+            group.stop(args.grace)
+
+        lock.lost.addCallback(lost)
+        status = await group.ended
+        if state["lost"] is None and group.alive():
+            # CMD is done but left processes in its group: they must not
+            # go on working once the key is released.
+            print(f"lockservice: {command[0]} ended (status {status}) but left processes in its "
+                  f"group; stopping them (SIGTERM, SIGKILL after {args.grace:g} s)",
+                  file=sys.stderr, flush=True)
+        await group.stop(args.grace)
         if state["lost"] is not None:
             return EX_LOST
         try:
@@ -401,14 +469,157 @@ async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
                   file=sys.stderr)
         return status
     finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if group is not None:
+            group.abandon()
         await client.close()
 
 
-def _signalChild(process: Any, name: str) -> None:
-    try:
-        process.signalProcess(name)
-    except Exception:
-        pass  # already gone
+class CommandGroup:
+    """
+    CMD in a process group of its own, so that C{run} can signal
+    everything CMD started (a shell's children included), not only CMD.
+
+    When C{run} owns the terminal (its stdin is a terminal and its group is
+    the foreground one), CMD's group is made the foreground group while it
+    runs, so CMD can read the terminal and gets Ctrl+C from it directly.
+    """
+
+    #: How often L{stop} looks whether the group has emptied.
+    POLL = 0.05
+    #: How long L{stop} waits for the group to empty after SIGKILL.
+    AFTER_KILL = 5.0
+
+    def __init__(self, reactor: Any, command: List[str], env: Dict[str, str]) -> None:
+        import subprocess
+
+        from twisted.internet.defer import Deferred
+        from twisted.internet.threads import deferToThreadPool
+
+        self.reactor = reactor
+        self.command = command
+        # process_group (3.11) sets the group between fork and exec, so no
+        # signal can reach CMD before it is in its own group.
+        spawnOptions: Dict[str, Any] = (
+            {"process_group": 0} if sys.version_info >= (3, 11)
+            else {"preexec_fn": os.setpgrp})
+        self.process = subprocess.Popen(command, env=env, **spawnOptions)
+        self.pgid = self.process.pid
+        self._terminal = self._takeTerminal()
+        self.ended: "Deferred[int]" = Deferred()
+        # Popen.wait in a thread: the reactor reaps only the processes it
+        # spawned, so it never takes CMD's exit status from us.
+        waiting = deferToThreadPool(reactor, reactor.getThreadPool(), self.process.wait)
+        waiting.addCallback(self._exited)
+        self._stopping: "Optional[Deferred[None]]" = None
+
+    def _exited(self, code: int) -> None:
+        self._giveTerminalBack()
+        self.ended.callback(code if code >= 0 else 128 - code)
+
+    def _takeTerminal(self) -> Optional[int]:
+        try:
+            if not os.isatty(0) or os.tcgetpgrp(0) != os.getpgrp():
+                return None
+            os.tcsetpgrp(0, self.pgid)
+        except OSError:
+            return None
+        # CMD may have touched the terminal before it was its group's
+        # (stopped by SIGTTIN/SIGTTOU): let it go on.
+        self.signal(signal.SIGCONT)
+        return os.getpgrp()
+
+    def _giveTerminalBack(self) -> None:
+        if self._terminal is None:
+            return
+        # We are a background group until this call: without ignoring
+        # SIGTTOU, tcsetpgrp would stop us.
+        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            os.tcsetpgrp(0, self._terminal)
+        except OSError:
+            pass
+        finally:
+            signal.signal(signal.SIGTTOU, old)
+            self._terminal = None
+
+    def signal(self, signum: int) -> None:
+        """
+        Send C{signum} to every process of CMD's group.
+        """
+        try:
+            os.killpg(self.pgid, signum)
+        except OSError:
+            pass  # the group is gone
+
+    def alive(self) -> bool:
+        """
+        Whether a process of CMD's group (other than a zombie) still runs.
+        """
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
+        if not os.path.isdir("/proc"):
+            return True
+        # Zombies answer kill(0) too: an orphan that a container's PID 1
+        # never reaps must not count as working.
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if len(fields) > 2 and int(fields[2]) == self.pgid and fields[0] != "Z":
+                return True
+        return False
+
+    def stop(self, grace: float) -> "Deferred[None]":
+        """
+        SIGTERM the group (if anything is left of it), SIGKILL after
+        C{grace} seconds; fires once CMD has ended and the group is empty
+        (or C{AFTER_KILL} seconds after the SIGKILL).
+        """
+        from twisted.internet.defer import Deferred
+
+        if self._stopping is not None:
+            return self._stopping
+        self._stopping = Deferred()
+        started = self.reactor.seconds()
+        state = {"killed": False}
+
+        def check() -> None:
+            assert self._stopping is not None
+            now = self.reactor.seconds()
+            if self.ended.called and not self.alive():
+                self._stopping.callback(None)
+                return
+            if not state["killed"] and now - started >= grace:
+                state["killed"] = True
+                self.signal(signal.SIGKILL)
+            elif state["killed"] and now - started >= grace + self.AFTER_KILL:
+                self._stopping.callback(None)
+                return
+            self.reactor.callLater(self.POLL, check)
+
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            self.signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+        check()
+        return self._stopping
+
+    def abandon(self) -> None:
+        """
+        C{run} is leaving on an unexpected path: leave nothing running.
+        """
+        if not self.ended.called or self.alive():
+            self.signal(signal.SIGKILL)
+        self._giveTerminalBack()
 
 
 async def shellCommand(reactor: Any, args: argparse.Namespace) -> int:
@@ -452,6 +663,23 @@ def _positive(text: str) -> float:
 def _token(text: str) -> int:
     if not text.isdigit() or not text.isascii() or int(text) >= 2**64:
         raise argparse.ArgumentTypeError(f"not a token: {text!r}")
+    return int(text)
+
+
+def _slots(text: str) -> Optional[int]:
+    """
+    C{--slots N}: the semaphore's slot count, 1-65535; 1 is the exclusive
+    lock, so it gives C{None} (no share field on the wire).
+    """
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of slots from 1 to 65535, not {text!r}")
+    return None if int(text) == 1 else int(text)
+
+
+def _sequence(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) >= 2**63:
+        raise argparse.ArgumentTypeError(f"not an event sequence number: {text!r}")
     return int(text)
 
 
@@ -517,6 +745,13 @@ def parser() -> argparse.ArgumentParser:
                         help=f"lease in seconds (default {leaseDefault:g})")
         sp.add_argument("--wait", type=_seconds, default=0,
                         help="seconds to wait for the lock (default 0: no limit)")
+        kind = sp.add_mutually_exclusive_group()
+        kind.add_argument("--read", dest="share", action="store_const", const="r",
+                          help="a read lock: shared with other readers, exclusive of "
+                               "writers (a plain acquire is the writer)")
+        kind.add_argument("--slots", dest="share", type=_slots, metavar="N",
+                          help="a semaphore of N slots (2-65535): at most N holders at "
+                               "once; 1 is the plain exclusive lock")
         connection(sp)
 
     ac = sub.add_parser("acquire", help="acquire KEY and print its fencing token")
@@ -562,7 +797,7 @@ def parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("events", help="show a node's recent lock events")
     ev.add_argument("key", nargs="?", type=_key, help="only this key's events")
     ev.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
-    ev.add_argument("--since", type=int, default=0, help="only events after this seq")
+    ev.add_argument("--since", type=_sequence, default=0, help="only events after this seq")
     ev.add_argument("--http", default=DEFAULT_STATUS_URL,
                     help=f"the node's HTTP endpoint (default $LOCKSERVICE_URL or "
                          f"{DEFAULT_STATUS_URL})")
@@ -575,8 +810,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _restoreSIGINT() -> None:
+    """
+    Make Ctrl+C work even when SIGINT was inherited as ignored (a command
+    started with C{&} from a script): Python, and Twisted after it, leave
+    an ignored SIGINT ignored, and C{events --follow} or a long wait would
+    then never stop on it.  (The node does the same, see L{lockservice.tap}.)
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _restoreSIGINT()
     if argv[:1] == ["bench"]:
         from lockservice import bench
 

@@ -10,6 +10,10 @@ the oldest and the newest Twisted of the tox matrix.
 
 from __future__ import annotations
 
+import fcntl
+import select
+import struct
+import termios
 from typing import Any, Callable, List, Optional, cast
 
 from twisted.application.internet import ClientService, StreamServerEndpointService
@@ -255,3 +259,64 @@ def readWaiting(transport: Any) -> None:
             return
         if not waiting or tcp.disconnected or tcp.disconnecting or tcp.doRead() is not None:
             return
+
+
+# What the peer of a connection that is not being read did, as its socket
+# tells (see peerHungUp).
+RESET = "reset"
+END_OF_INPUT = "end of input"
+
+# Linux's "peer shut down writing" poll bit (Python names it on Linux only).
+_POLLRDHUP: int = getattr(select, "POLLRDHUP", 0x2000)
+
+
+def peerHungUp(transport: Any) -> Optional[str]:
+    """
+    Whether the peer of C{transport} (plain TCP, or TLS over TCP) went
+    away, for a connection the reactor is not reading (paused by
+    backpressure): the reactor then does not watch its socket, and would
+    notice nothing until it reads or writes again.
+
+    One C{poll} with timeout 0 on the socket (a single system call; the
+    socket is not read, and its pending error is not consumed, as reading
+    C{SO_ERROR} would):
+      - C{POLLHUP} or C{POLLERR}: the peer reset the connection (a client
+        that closes with answers unread sends a reset), or both directions
+        are shut: nothing written can reach it.  Returns L{RESET}.
+      - C{POLLRDHUP} with nothing unread (C{FIONREAD} 0): the peer sent
+        its end of input (FIN), after everything it sent was read.
+        Returns L{END_OF_INPUT}.  With requests still unread before it,
+        nothing is said: they must be read first (a FIN also stays unseen
+        while the receive buffer is full, until it drains).
+    For TLS the check is on the TCP socket below (a reset is a reset; a
+    TLS peer's orderly close usually sends a close_notify first, which is
+    unread input, so it is found when the connection is read again).
+
+    @return: L{RESET}, L{END_OF_INPUT}, or None (the peer is there, or the
+        transport is of unknown layout, as in tests).
+    """
+    from twisted.internet.tcp import Connection
+
+    tcp = transport if isinstance(transport, Connection) else getattr(transport, "transport", None)
+    if not isinstance(tcp, Connection) or tcp.disconnected:
+        return None
+    try:
+        fd = tcp.socket.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | _POLLRDHUP)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):
+        return None
+    if not events:
+        return None
+    mask = events[0][1]
+    if mask & (select.POLLHUP | select.POLLERR):
+        return RESET
+    if mask & _POLLRDHUP:
+        try:
+            unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, bytes(4)))[0]
+        except OSError:
+            return None
+        if not unread:
+            return END_OF_INPUT
+    return None

@@ -6,6 +6,7 @@ C{twistd lockservice}: command-line options and the service tree.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from lockservice.state import NodeState
 
 DEFAULT_PORT = 7700
+MIN_SECRET_BYTES = 16  # --secret, after surrounding whitespace is stripped
 
 
 def _seconds(name: str, positive: bool = True):  # type: ignore[no-untyped-def]
@@ -101,6 +103,10 @@ class Options(usage.Options):
         ["heartbeat", None, 0.1, "Seconds between heartbeats to peers.", _seconds("heartbeat")],
         ["peer-timeout", None, 1.0,
          "Seconds of silence after which a peer counts as dead.", _seconds("peer-timeout")],
+        ["replication", None, "ack",
+         "What a client's answer waits for: 'ack' (every synchronised standby "
+         "acknowledged receiving the change) or 'sent' (the change left this host's "
+         "socket buffers)."],
         ["warn-hold", None, None,
          "Log (once), count and flag on the status page every grant held longer than "
          "this many seconds (off by default).", _seconds("warn-hold")],
@@ -149,6 +155,8 @@ class Options(usage.Options):
                 self["listen"] = f"tcp:{DEFAULT_PORT}"
         if self["peer-timeout"] <= self["heartbeat"]:
             raise usage.UsageError("--peer-timeout must be longer than --heartbeat")
+        if self["replication"] not in ("ack", "sent"):
+            raise usage.UsageError("--replication must be 'ack' or 'sent'")
         if self["peers"] and self["secret"] is None:
             raise usage.UsageError(
                 "--peers needs --secret FILE: peers must prove a shared secret"
@@ -167,6 +175,13 @@ class Options(usage.Options):
                 ) from None
             if not self["secretBytes"]:
                 raise usage.UsageError(f"--secret {self['secret']} is empty")
+            if len(self["secretBytes"]) < MIN_SECRET_BYTES:
+                # A short secret can be guessed offline from one recorded
+                # handshake (docs/cluster.md, "Peer authentication").
+                raise usage.UsageError(
+                    f"--secret {self['secret']} holds {len(self['secretBytes'])} bytes: a "
+                    f"peer secret must be at least {MIN_SECRET_BYTES} bytes, long and random "
+                    f"(openssl rand -hex 32 > FILE)")
         else:
             self["secretBytes"] = b""
         self["adminSecretBytes"] = None
@@ -511,7 +526,10 @@ def makeService(config: Options) -> IService:
     # Always on: long holds and deadlocks are logged even without --http.
     monitor = Monitor(reactor, locks.table.clientOf,  # type: ignore[arg-type]
                       warnHold=config["warn-hold"])
-    locks.activity.append(monitor)
+    if os.environ.get("LOCKSERVICE_BENCH_DETACH_MONITOR") != "1":
+        # (Detached only by `python -m lockservice.bench suite`, to measure
+        # what the operator's view costs: never in production.)
+        locks.activity.append(monitor)
     cluster = None
     if len(config["peerList"]) > 1:
         from lockservice.cluster.node import Cluster
@@ -524,6 +542,7 @@ def makeService(config: Options) -> IService:
             secret=config["secretBytes"],
             heartbeat=config["heartbeat"],
             peerTimeout=config["peer-timeout"],
+            replication=config["replication"],
             endpointFor=_peerEndpoints(reactor, config) if tls is not None else None,
         )
         cluster.eventSink = monitor.clusterEvent

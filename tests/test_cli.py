@@ -5,10 +5,13 @@ The lockservice command-line tool against a real node.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import threading
+
+import pytest
 
 from lockservice.testing.harness import LineClient, freePort, twistdEnvironment, waitFor
 
@@ -318,13 +321,25 @@ def test_events_and_force_release_against_a_real_node(spawn, tmp_path) -> None: 
         waiter.close()
 
 
-def test_events_follow_prints_new_events_as_they_come(spawn) -> None:  # type: ignore[no-untyped-def]
+def _ignoreSIGINT() -> None:
+    # What a shell does to a command it starts with `&` from a script.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sigint", ["default", "inherited ignored"])
+def test_events_follow_prints_new_events_as_they_come(spawn, sigint) -> None:  # type: ignore[no-untyped-def]
+    """
+    Ctrl+C (SIGINT) ends --follow with status 0, also when it was started
+    in the background from a script (issue 21 item 7: SIGINT inherited as
+    ignored must be restored, or the follower never stops).
+    """
     httpPort = freePort()
     node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
     proc = subprocess.Popen(
         [sys.executable, "-m", "lockservice.cli", "events", "--follow", "--interval", "0.2",
          "follow/k", "--http", f"http://127.0.0.1:{httpPort}"],
-        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=_ignoreSIGINT if sigint != "default" else None)
     try:
         with LineClient(node.port) as c:
             c.ask(b"I follower")
@@ -343,7 +358,10 @@ def test_events_follow_prints_new_events_as_they_come(spawn) -> None:  # type: i
         assert " release " in second and "follow/k" in second
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(20) == 0
+        try:
+            assert proc.wait(20) == 0
+        finally:
+            proc.kill()
 
 
 def _mutualTLSNode(spawn, tmp_path):  # type: ignore[no-untyped-def]
@@ -413,7 +431,10 @@ def test_cli_names_itself_unless_told(spawn) -> None:  # type: ignore[no-untyped
     def holder(key: str) -> str:
         url = f"http://127.0.0.1:{httpPort}/locks?key={key}"
         with urllib.request.urlopen(url, timeout=10) as response:
-            return str(json.loads(response.read())["holder"])
+            shown = str(json.loads(response.read())["holder"])
+        # The client library adds `#<12 hex>` (its instance) to its name;
+        # a display may show it or not.
+        return re.sub(r"#[0-9a-f]{12}$", "", shown)
 
     assert cli("acquire", "named/default", "--addr", node.address).returncode == 0
     host, pid, tool = holder("named/default").split(":")
@@ -443,3 +464,222 @@ def test_cli_spreads_keys_over_clusters(spawn) -> None:  # type: ignore[no-untyp
             assert c.ask(f"A {key} 30 0.1".encode()) == f"T {key}".encode()
         with LineClient(other.port) as c:
             assert c.ask(f"A {key} 30 0.1".encode()).startswith(f"A {key} ".encode())
+
+
+def _processesRunning(argv: list) -> list:
+    """
+    Pids of live (not zombie) processes whose command line is exactly C{argv}.
+    """
+    import os
+
+    wanted = "\0".join(argv) + "\0"
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if cmdline == wanted and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def test_run_stops_the_commands_grandchildren_when_the_lock_is_lost(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 6: the docs' own C{sh -c '...; sleep 60'} must leave no
+    C{sleep} working without the lock after exit 74 (the shell forks it,
+    so signalling only the direct child orphans it).
+    """
+    import os
+
+    node = spawn()
+    sleeper = ["sleep", f"60.{os.getpid()}"]  # a command line no one else runs
+    tokenFile = tmp_path / "token"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lockservice.cli", "run", "run/group", "--lease", "3",
+         "--grace", "2", "--addr", node.address, "--", "sh", "-c",
+         f"echo $LOCKSERVICE_TOKEN > {tokenFile}; {' '.join(sleeper)}"],
+        env=twistdEnvironment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        waitFor(lambda: tokenFile.exists() and tokenFile.read_text().strip()
+                and _processesRunning(sleeper), 30, what="the grandchild runs")
+        with LineClient(node.port) as c:
+            token = tokenFile.read_text().strip().encode()
+            assert c.ask(b"R run/group " + token) == b"R run/group OK"
+        assert proc.wait(30) == 74, proc.stderr.read()  # type: ignore[union-attr]
+        # Gone by the time run exits: nothing of CMD works on without the lock.
+        assert _processesRunning(sleeper) == []
+    finally:
+        proc.kill()
+        for pid in _processesRunning(sleeper):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_run_stops_what_the_command_left_behind_before_releasing(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    A command that ends but leaves a background process in its group: run
+    stops that process (SIGTERM to the group) before it releases the key.
+    """
+    import os
+
+    node = spawn()
+    sleeper = ["sleep", f"61.{os.getpid()}"]
+    got = cli("run", "run/leftover", "--grace", "2", "--addr", node.address, "--",
+              "sh", "-c", f"{' '.join(sleeper)} >/dev/null 2>&1 & exit 3")
+    try:
+        assert got.returncode == 3, got.stderr
+        assert _processesRunning(sleeper) == []
+    finally:
+        for pid in _processesRunning(sleeper):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_run_at_a_terminal_lets_the_command_read_it(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    At a terminal, CMD's own group is made the foreground one while it runs:
+    a background group reading the terminal would be stopped (SIGTTIN) and
+    hold the key forever.  Afterwards the terminal is run's again.
+    """
+    import os
+    import pty
+    import select
+    import time
+
+    node = spawn()
+    script = ("import sys; line = input('your name? '); print('hello', line);"
+              "sys.exit(5)")
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", "lockservice.cli", "run",
+                                       "tty/k", "--addr", node.address, "--",
+                                       sys.executable, "-c", script], twistdEnvironment())
+        finally:
+            os._exit(127)
+    out = b""
+    try:
+        def readUntil(text: bytes, seconds: float) -> None:
+            nonlocal out
+            deadline = time.monotonic() + seconds
+            while text not in out:
+                assert time.monotonic() < deadline, out
+                ready, _, _ = select.select([master], [], [], 0.5)
+                if ready:
+                    try:
+                        out += os.read(master, 1000)
+                    except OSError:  # EIO: the terminal's last user is gone
+                        break
+        readUntil(b"your name? ", 30)
+        os.write(master, b"world\n")
+        readUntil(b"hello world", 30)
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 5, out
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(master)
+    with LineClient(node.port) as c:
+        assert c.ask(b"A tty/k 30 1").startswith(b"A tty/k ")  # released
+
+
+def _oneLine(got: subprocess.CompletedProcess, status: int, *words: str) -> str:  # type: ignore[type-arg]
+    err = got.stderr.decode()
+    assert got.returncode == status, (got.returncode, err)
+    assert err.startswith("lockservice: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+def test_http_commands_pointed_at_the_lock_port_say_so_in_one_line(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 9: the lock port given where the --http one belongs (an
+    easy mistake: 7700 vs 7780) is one line, not http.client's traceback.
+    """
+    node = spawn()
+    secret = tmp_path / "admin"
+    secret.write_text("correct horse battery staple\n")
+    lockPort = f"http://127.0.0.1:{node.port}"
+    for args in (["status", lockPort], ["status", f"127.0.0.1:{node.port}"],
+                 ["events", "--http", lockPort], ["events", "--follow", "--http", lockPort],
+                 ["release", "--force", "k", "--reason", "x", "--admin-secret", str(secret),
+                  "--http", lockPort]):
+        _oneLine(cli(*args), 69, f"{lockPort} is not an HTTP endpoint (is it the lock port?)")
+
+
+def test_lock_commands_pointed_at_the_http_port_say_so_in_one_line(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    The reverse mistake: an acquire sent to the --http port waited forever.
+    """
+    httpPort = freePort()
+    spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    where = f"127.0.0.1:{httpPort}"
+    for args in (["acquire", "k"], ["run", "k", "--", "true"]):
+        _oneLine(cli(*args[:2], "--addr", where, *args[2:], timeout=30), 69,
+                 f"{where} does not answer the lock protocol (is it the HTTP port?)")
+
+
+def test_wrong_urls_and_answers_are_one_line_errors(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    httpPort = freePort()
+    spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    base = f"http://127.0.0.1:{httpPort}"
+    for url in ("http://[::1", "ftp://example.com", "http://", "http://a b"):
+        for args in (["status", url], ["events", "--http", url]):
+            _oneLine(cli(*args), 2, "is not an http:// or https:// URL")
+    # An HTTP endpoint that answers JSON, but not a node's status or events.
+    _oneLine(cli("status", f"{base}/locks"), 69, "did not answer as a lockservice node does")
+    _oneLine(cli("events", "--http", f"{base}/x"), 69, "404")
+    _oneLine(cli("events", "--since", "-5", "--http", base), 2, "--since")
+    twoLines = tmp_path / "two-lines"
+    twoLines.write_text("first\nsecond\n")
+    _oneLine(cli("release", "--force", "k", "--reason", "x", "--admin-secret", str(twoLines),
+                 "--http", base), 2, "on one line")
+    _oneLine(cli("run", "k", "--addr", "127.0.0.1:1", "--", "true"), 69, "cannot reach")
+
+
+def test_read_and_slots_are_parsed_into_the_clients_share() -> None:
+    """
+    Issue 22: --read is share="r", --slots N is share=N, --slots 1 (and
+    neither) the exclusive lock, share=None (no fifth field on the wire).
+    """
+    from lockservice.cli import parser
+
+    for command in (["acquire", "k"], ["run", "k", "--grace", "1"]):
+        def share(*extra: str, command: list = command) -> object:
+            return parser().parse_args([*command, *extra]).share
+
+        assert share() is None
+        assert share("--read") == "r"
+        assert share("--slots", "4") == 4
+        assert share("--slots", "65535") == 65535
+        assert share("--slots", "2") == 2
+        assert share("--slots", "1") is None
+
+
+def test_bad_read_and_slots_exit_2_with_one_line() -> None:
+    for extra, word in [(["--slots", "0"], "--slots"), (["--slots", "65536"], "--slots"),
+                        (["--slots", "x"], "--slots"), (["--slots", "+2"], "--slots"),
+                        (["--slots", "-3"], "--slots"), (["--slots", "²"], "--slots"),
+                        (["--slots", ""], "--slots"),
+                        (["--read", "--slots", "4"], "not allowed with"),
+                        (["--slots", "4", "--read"], "not allowed with")]:
+        for command in (["acquire", "k"], ["run", "k"]):
+            args = [*command, *extra] + (["--", "true"] if command[0] == "run" else [])
+            _oneLine(cli(*args), 2, word)
+
+
+def test_slots_1_is_the_exclusive_lock(spawn) -> None:  # type: ignore[no-untyped-def]
+    node = spawn()
+    got = cli("acquire", "slots/one", "--slots", "1", "--addr", node.address)
+    assert got.returncode == 0, got.stderr
+    with LineClient(node.port) as c:
+        assert c.ask(b"A slots/one 30 0.1") == b"T slots/one"  # held exclusively
+        assert c.ask(b"R slots/one " + got.stdout.strip()) == b"R slots/one OK"

@@ -5,6 +5,8 @@ connections the test controls, and task.Clock drives retries.
 
 from __future__ import annotations
 
+import gc
+import re
 from typing import Dict, List, Optional, Set
 
 import pytest
@@ -42,6 +44,10 @@ class FakeServerSide:
         self.protocol = protocol
         self.transport = HalfCloseableTransport()
         protocol.makeConnection(self.transport)
+        # Every connection names itself first (`I <name>#<instance>`); the
+        # tests below look at what follows.
+        self.hello = self.transport.value()
+        self.transport.clear()
 
     def sent(self) -> List[bytes]:
         data = self.transport.value()
@@ -596,16 +602,38 @@ def test_name_is_sent_first_on_every_connection_and_reconnection() -> None:
     clock = Clock()
     net = Network()
     client = connect(clock, ["a:1"], endpointFor=net.endpointFor, name="host1:42:billing")
-    assert [c.sent() for c in net.connections] == [[b"I host1:42:billing"]] * 2
-    net.connections[0].answer(b"I host1:42:billing")
+    # The name plus this client's instance: 12 lowercase hex, the same on
+    # every connection of the client (the node joins them for deadlocks).
+    hello = b"I host1:42:billing#" + client.instance.encode() + b"\n"
+    assert re.fullmatch(rb"I host1:42:billing#[0-9a-f]{12}\n", hello)
+    assert [c.hello for c in net.connections] == [hello] * 2
+    net.connections[0].answer(hello.rstrip())
     net.connections[0].drop()
     clock.advance(0)
-    assert net.connections[-1].sent() == [b"I host1:42:billing"]
+    assert net.connections[-1].hello == hello
     d = client.acquire("k", 30, 0)
     carrier = net.carrier()
     assert carrier.sent() == [b"A k 30 0"]
     carrier.answer(b"A k 1")
     assert result(d).token == 1
+
+
+def test_each_client_instance_has_its_own_suffix_and_unnamed_clients_send_one_too() -> None:
+    net = Network()
+    one = connect(Clock(), ["a:1"], endpointFor=net.endpointFor)
+    two = connect(Clock(), ["a:1"], endpointFor=net.endpointFor)
+    assert one.instance != two.instance
+    hellos = [c.hello for c in net.connections]
+    assert hellos == [b"I #" + one.instance.encode() + b"\n"] * 2 + [
+        b"I #" + two.instance.encode() + b"\n"] * 2
+    assert all(re.fullmatch(rb"I #[0-9a-f]{12}\n", h) for h in hellos)
+
+
+def test_a_name_too_long_for_its_suffix_is_refused_at_once() -> None:
+    net = Network()
+    connect(Clock(), ["a:1"], endpointFor=net.endpointFor, name="x" * 237)
+    with pytest.raises(ValueError, match="at most 237 bytes"):
+        connect(Clock(), ["a:1"], endpointFor=net.endpointFor, name="x" * 238)
 
 
 def test_invalid_name_is_refused() -> None:
@@ -656,3 +684,138 @@ def test_against_an_address_that_never_answers_every_call_ends_as_documented() -
     clock.advance(0.01)
     assert failureOf(forever).check(NoConnection)
     assert failureOf(released).check(ReleaseFailed)
+
+
+# -- shared keys (issue 22): the fifth field, exact bytes ------------------------
+
+
+@pytest.mark.parametrize("call, line, share", [
+    (lambda c: c.acquire("k", 30, 5), b"A k 30 5", None),
+    (lambda c: c.acquire("k", 30, 5, share=None), b"A k 30 5", None),
+    (lambda c: c.acquire("k", 30, 5, share=1), b"A k 30 5", None),
+    (lambda c: c.acquire("k", 30, 5, share="r"), b"A k 30 5 r", "r"),
+    (lambda c: c.acquire("k", 30, 5, share=2), b"A k 30 5 2", 2),
+    (lambda c: c.acquire("k", 30, 5, share=65535), b"A k 30 5 65535", 65535),
+    (lambda c: c.readLock("k", 30, 5), b"A k 30 5 r", "r"),
+    (lambda c: c.writeLock("k", 30, 5), b"A k 30 5", None),
+    (lambda c: c.semaphore("k", 4, 30, 5), b"A k 30 5 4", 4),
+    (lambda c: c.semaphore("k", 4, 30), b"A k 30 0 4", 4),
+])
+def test_share_is_the_fifth_field_and_the_lock_knows_it(call, line, share) -> None:  # type: ignore[no-untyped-def]
+    clock, net, client = makeClient(["a:1"])
+    d = call(client)
+    carrier = net.carrier()
+    assert carrier.sent() == [line]
+    carrier.answer(b"A k 7")
+    lock = result(d)
+    assert (lock.token, lock.share) == (7, share)
+    r = client.release(lock)
+    releaser = net.carrier()
+    assert releaser.sent() == [b"R k 7"]
+    releaser.answer(b"R k OK")
+    assert result(r) is True
+
+
+@pytest.mark.parametrize("share", [0, 65536, -1, "w", "R", "2", 2.0, True, False, b"r", [2]])
+def test_a_bad_share_is_refused_at_once_and_nothing_is_sent(share) -> None:  # type: ignore[no-untyped-def]
+    clock, net, client = makeClient(["a:1"])
+    with pytest.raises(ValueError, match="invalid share"):
+        client.acquire("k", 30, 5, share=share)
+    assert all(c.transport.value() == b"" for c in net.connections)
+
+
+@pytest.mark.parametrize("slots", [0, 1, 65536, "4", True, 4.0])
+def test_a_bad_semaphore_size_is_refused_at_once(slots) -> None:  # type: ignore[no-untyped-def]
+    clock, net, client = makeClient(["a:1"])
+    with pytest.raises(ValueError, match="invalid slots"):
+        client.semaphore("k", slots, 30, 5)
+    assert all(c.transport.value() == b"" for c in net.connections)
+
+
+def test_shared_lock_renews_and_keeps_alive_by_its_own_token() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.readLock("k", 30, 5, keepAlive=True)
+    carrier = net.carrier()
+    assert carrier.sent() == [b"A k 30 5 r"]
+    carrier.answer(b"A k 11")
+    lock = result(d)
+    assert lock.share == "r"
+    clock.advance(10)
+    assert net.carrier().sent() == [b"N k 11 30"]
+
+
+def test_a_cancelled_read_lock_releases_its_late_grant() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.readLock("k", 30, 0)
+    carrier = net.carrier()
+    assert carrier.sent() == [b"A k 30 0 r"]
+    d.cancel()
+    failureOf(d).trap(CancelledError)
+    carrier.answer(b"A k 12")
+    assert net.carrier().sent() == [b"R k 12"]
+
+
+def test_an_e_answer_for_a_kind_mismatch_is_a_rejection() -> None:
+    clock, net, client = makeClient(["a:1"])
+    d = client.semaphore("k", 3, 30, 5)
+    carrier = net.carrier()
+    carrier.sent()
+    carrier.answer(b"E A k the share does not match the key (a semaphore of 4)")
+    failure = failureOf(d)
+    failure.trap(LockRejected)
+    assert failure.value.message == "the share does not match the key (a semaphore of 4)"
+
+
+# -- close with acquires pending; addresses checked at once (issue 21 item 10) ----
+
+
+def test_close_fails_pending_acquires_at_once_with_no_connection_and_nothing_unhandled() -> None:
+    from twisted.logger import globalLogPublisher
+
+    seen: List[str] = []
+
+    def observe(event):  # type: ignore[no-untyped-def]
+        if event.get("log_failure") is not None or "Unhandled" in str(event.get("log_format")):
+            seen.append(str(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        clock, net, client = makeClient(["a:1", "b:2"], down=["b:2"])
+        held = client.acquire("k", 30, 0)          # on a connection, sent
+        waiting = client.acquire("k", 30, 5)       # queued behind it
+        clock2, net2, lonely = makeClient(["c:3"], down=["c:3"])
+        unsent = lonely.acquire("k", 30, 0)        # no connection: waiting for one
+        errors = []
+        for d in (held, waiting, unsent):
+            d.addErrback(lambda f: errors.append(f.trap(NoConnection) and str(f.value)))
+        client.close()
+        lonely.close()
+        assert errors == ["client closed"] * 3
+        for c in net.connections:
+            c.drop()
+        clock.advance(10)
+        clock2.advance(10)
+        del held, waiting, unsent
+        gc.collect()
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert seen == []
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:x",
+                                     "127.0.0.1:70000", ":7700", "a:1,127.0.0.1"])
+def test_an_address_without_a_port_is_refused_at_once(address) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="not a host:port address"):
+        connect(Clock(), address)
+
+
+def test_a_try_with_the_smallest_wait_is_sent_with_that_wait() -> None:
+    # tooz's acquire(blocking=False): the first send asks for the wait given,
+    # even though it has run out on the client's clock by the time it goes.
+    clock, net, client = makeClient(["a:1"])
+    d = client.acquire("k", 30, 0.000001)
+    clock.advance(0.00001)
+    carrier = net.carrier()
+    assert carrier.sent() == [b"A k 30 0.000001"]
+    carrier.answer(b"A k 5")
+    assert result(d).token == 5

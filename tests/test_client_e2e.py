@@ -85,6 +85,12 @@ async def test_connection_cut_mid_acquire_moves_to_next_connection(spawn) -> Non
     try:
         await holder.whenConnected()
         await waiter.whenConnected()
+        # Each connection first names itself (`I #<instance>`): forget
+        # those bytes, so that only the acquire's link counts as busy.
+        await until(lambda: len(proxy.links) == 2 and all(link.bytesUp for link in proxy.links),
+                    what="both links named")
+        for link in proxy.links:
+            link.bytesUp = 0
         held = await holder.acquire("k", 30, 0)
         pending = waiter.acquire("k", 30, 0)
         await until(lambda: queued(node, 1), what="queued")
@@ -196,3 +202,46 @@ def test_asyncio_application_takes_renews_and_releases_a_lock(spawn) -> None:  #
     token = lines[0].rsplit(" ", 1)[1].encode()
     with LineClient(node.port) as c:
         assert c.ask(b"R examples/asyncio " + token) == b"R examples/asyncio STALE"
+
+
+@pytest.mark.slow
+@pytest_twisted.ensureDeferred
+async def test_failover_under_the_twisted_face_never_holds_a_lock_twice(cluster) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from lockservice.client.api import LockError
+    from lockservice.testing.harness import activeNodes
+    from tests.test_client_sync import assertNoDoubleHolds
+
+    c = cluster(2)
+    first = c.nodes[0]
+    await until(lambda: deferToThread(activeNodes, c.nodes).addCallback(
+        lambda active: [n.port for n in active] == [first.port]), 15, what="node0 active")
+    client = connect(reactor, c.addresses(), name="twisted-failover")
+    spans: list = []  # type: ignore[type-arg]
+    stopped = []
+
+    async def worker() -> None:
+        while not stopped:
+            try:
+                async with client.lock("tw-failover/k", 3, 20, keepAlive=True) as lock:
+                    start = time.monotonic()
+                    await deferLater(reactor, 0.02, lambda: None)
+                    spans.append((start, time.monotonic(), lock.token))
+            except LockError:
+                await deferLater(reactor, 0.05, lambda: None)
+
+    try:
+        workers = [Deferred.fromCoroutine(worker()) for _ in range(4)]
+        await until(lambda: len(spans) >= 20, 30, what="grants before the kill")
+        killedAt = time.monotonic()
+        await deferToThread(first.kill)
+        await until(lambda: sum(1 for s in spans if s[0] > killedAt) >= 20, 60,
+                    what="grants after the failover")
+        stopped.append(True)
+        for w in workers:
+            await w
+    finally:
+        stopped.append(True)
+        await client.close()
+    assertNoDoubleHolds(spans, killedAt)

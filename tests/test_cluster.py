@@ -178,7 +178,7 @@ def test_standby_graceful_stop_just_leaves(cluster) -> None:  # type: ignore[no-
 
 def test_secret_required_from_peers(tmp_path, cluster) -> None:  # type: ignore[no-untyped-def]
     secret = tmp_path / "secret"
-    secret.write_text("s3cret\n")
+    secret.write_text("a-cluster-secret-of-some-length\n")
     c = cluster(2, args=["--secret", str(secret)])
     first, second = c.nodes
     waitFor(lambda: onlyActive(c, first), 10, what="node0 active")

@@ -11,7 +11,7 @@ import signal
 import socket
 import time
 import urllib.request
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -163,7 +163,7 @@ def test_wrong_secret_is_reported_once_and_never_a_second_active(tmp_path, clust
     and does not serve next to the real active.
     """
     bad = tmp_path / "bad"
-    bad.write_text("wrong")
+    bad.write_text("a-wrong-secret-but-long-enough")
     c = cluster(2, start=False)
     node0, node1 = c.nodes
     http = freePort()
@@ -241,7 +241,8 @@ def test_kill_9_right_after_the_answers_loses_nothing_a_client_saw(cluster) -> N
         assert isHeld(node1.port, b"k%d" % i)
 
 
-def test_answers_given_while_the_standby_is_stopped_survive_a_kill_9(cluster) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("mode", ["sent", "ack"])
+def test_answers_given_while_the_standby_is_stopped_survive_a_kill_9(cluster, mode) -> None:  # type: ignore[no-untyped-def]
     """
     A standby that does not read (SIGSTOP, or too slow) must not let the
     active answer changes that exist only in the active's own send queue:
@@ -249,11 +250,14 @@ def test_answers_given_while_the_standby_is_stopped_survive_a_kill_9(cluster) ->
     acquires while the standby is stopped, 100 every 2 ms, kill the active 0.4 s later
     (less than --peer-timeout, after which the active cuts a standby that
     reads nothing), resume the standby: every acquire a client saw
-    answered is held by the new active, with its token.
+    answered is held by the new active, with its token.  (With
+    C{--replication sent} the first acquires fit in the stopped standby's
+    socket buffer and are answered; with C{ack} none is answered before
+    the standby acknowledges.)
     """
     import select
 
-    c = cluster(2)
+    c = cluster(2, args=["--replication", mode])
     node0, node1 = c.nodes
     waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
     grant(node0.port, b"warm-up")
@@ -289,7 +293,8 @@ def test_answers_given_while_the_standby_is_stopped_survive_a_kill_9(cluster) ->
         fields = line.split()
         assert fields[0] == b"A", line
         answered[fields[1]] = fields[2]
-    assert answered, f"no acquire was answered before the kill ({len(chunks)} chunks unsent)"
+    if mode == "sent":
+        assert answered, f"no acquire was answered before the kill ({len(chunks)} chunks unsent)"
     waitFor(lambda: probeRole(node1.port) == "active", 15, what="node1 active")
     with LineClient(node1.port) as conn:
         conn.send(b"".join(b"R %s %s\n" % item for item in answered.items()))
@@ -399,3 +404,77 @@ def test_tls_cluster_fails_over_fast_on_kill_9(tmp_path) -> None:  # type: ignor
         if took[-1] < 3:
             break
     assert min(took) < 3, took
+
+
+@pytest.mark.parametrize("pause", [1.5, 5.0])
+def test_heal_keeps_the_releases_the_successor_answered(cluster, pause) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 4: node0 grants five keys and is paused; node1 promotes
+    and answers C{R key OK} for each; on SIGCONT node0 (higher priority)
+    wins the heal, and every one of the five stays released.
+    """
+    c = cluster(3)
+    node0, node1, _ = c.nodes
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    keys = [b"k%d" % i for i in range(5)]
+    tokens = {key: grant(node0.port, key, b"20") for key in keys}
+    waitFor(lambda: isHeld(node0.port, keys[-1]), 5, what="replicated")
+    node0.signal(signal.SIGSTOP)
+    stoppedAt = time.monotonic()
+    try:
+        waitFor(lambda: probeRole(node1.port, timeout=1) == "active", 10, what="node1 active")
+        with LineClient(node1.port) as conn:
+            for key in keys:
+                assert conn.ask(b"R %s %d" % (key, tokens[key])) == b"R %s OK" % key
+        time.sleep(max(0.0, stoppedAt + pause - time.monotonic()))
+    finally:
+        node0.signal(signal.SIGCONT)
+    waitFor(lambda: onlyActive(c, node0) and probeRole(node1.port) == "M " + node0.address,
+            10, what="node0 the only active again")
+    held = [key for key in keys if isHeld(node0.port, key)]
+    assert held == [], f"{len(held)} of {len(keys)} released keys held again after the heal"
+
+
+def test_rolling_restart_with_the_top_node_two_hours_behind(cluster) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 5: a rolling restart (lowest priority first) where node0,
+    the top-priority node, comes back with its clock 2 h behind (libfaketime).
+    It refuses its peers' terms and tokens, so it must distrust its own
+    clock: it never serves beside node1, no node ever redirects a client to
+    it, and /status says why.
+    """
+    from tests.test_server_process import requireFaketime
+
+    library = requireFaketime()
+    c = cluster(3)
+    node0, node1, node2 = c.nodes
+    waitFor(lambda: onlyActive(c, node0), 15, what="node0 active")
+    token = grant(node0.port, b"held", b"60")
+    for node in (node2, node1):
+        assert node.interrupt() in (0, -signal.SIGINT)
+        node.start()
+        waitFor(lambda node=node: probeRole(node.port) == "M " + node0.address, 15,
+                what=f"{node.name} back as a standby")
+    assert node0.interrupt() in (0, -signal.SIGINT)
+    node0.prefix = ["env", "LD_PRELOAD=" + library, "FAKETIME=-2h",
+                    "FAKETIME_DONT_FAKE_MONOTONIC=1"]
+    http = freePort()
+    node0.args = ["--http", f"tcp:{http}:interface=127.0.0.1"]
+    node0.start()
+    seen: List[Tuple[str, str, Optional[str]]] = []
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        for node in c.nodes:
+            seen.append((f"{time.monotonic():.2f}", node.name, probeRole(node.port, timeout=1)))
+        time.sleep(0.1)
+    assert not [s for s in seen if s[1] == "node0" and s[2] == "active"], seen
+    assert not [s for s in seen if s[2] == "M " + node0.address], seen
+    assert onlyActive(c, node1)
+    with urllib.request.urlopen(f"http://127.0.0.1:{http}/status", timeout=5) as answer:
+        report = json.load(answer)
+    assert report["role"] == "standby" and report["active"] == node1.address
+    assert "ahead of this node's clock" in report["clock_warning"]
+    with open(node0.logPath()) as f:
+        assert f.read().count("this node's clock looks wrong") == 1
+    with LineClient(node1.port) as conn:
+        assert conn.ask(b"R held %d" % token) == b"R held OK"

@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from lockservice.cluster import handoff, replication
+from lockservice.cluster import handoff, merge, replication
 from lockservice.cluster.node import Cluster
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE, HANDING_OFF, STANDBY, SYNCING
@@ -42,14 +42,19 @@ class Transport(StringTransport):
 
 
 class Lab:
-    def __init__(self, me: int = 0, **options: float) -> None:
+    def __init__(self, me: int = 0, replication: str = "sent", **options: float) -> None:
+        """
+        @param replication: C{"sent"} by default: these links never
+            acknowledge unless a test makes them.
+        """
         self.clock = Clock()
         self.clock.advance(1000)
         self.wall = NOW_US
         self.log: List[Tuple[str, bytes]] = []
         self.locks = LockService(self.clock, lambda: self.wall)
         self.cluster = Cluster(None, self.locks, PEERS, PEERS[me], b"s3cret",
-                               wallMicros=lambda: self.wall, **options)  # type: ignore[arg-type]
+                               wallMicros=lambda: self.wall, replication=replication,
+                               **options)  # type: ignore[arg-type]
 
     def link(self, j: int, outbound: bool) -> PeerChannel:
         """
@@ -304,6 +309,75 @@ def test_a_run_of_changes_applies_in_order_and_skips_bad_lines() -> None:
     assert sorted((k, h.token) for k, h in lab.locks.heldKeys()) == [(b"a", 12), (b"b", 13)]
 
 
+# -- acknowledged replication (--replication ack) ------------------------------
+
+
+def test_with_ack_answers_wait_until_the_standby_acknowledged_them() -> None:
+    """
+    Issue 24 item 3: each flush ends with its stream position; a client's
+    answer goes out only once every synchronised standby acknowledged that
+    position, in order.
+    """
+    lab = Lab(replication="ack")
+    follower = activeWithFollower(lab)
+    lab.client()
+    lab.protocol.dataReceived(b"A k 30 0\n")
+    lab.clock.advance(0)
+    stream = lines(follower)
+    assert [line.split()[0] for line in stream] == [b"G", b"S"]
+    position = int(stream[-1].split()[1])
+    lab.clock.advance(0.01)
+    assert lab.protocol.transport.value() == b""  # type: ignore[union-attr]
+    lab.protocol.dataReceived(b"P later\n")  # answers stay in order
+    lab.clock.advance(0.01)
+    assert lab.protocol.transport.value() == b""  # type: ignore[union-attr]
+    lab.hear(follower, b"ACK %d" % (position - 1))
+    lab.clock.advance(0.01)
+    assert lab.protocol.transport.value() == b""  # type: ignore[union-attr]
+    lab.hear(follower, b"ACK %d" % position)
+    lab.clock.advance(0.01)
+    answers = lab.protocol.transport.value().split(b"\n")  # type: ignore[union-attr]
+    assert answers[0].startswith(b"A k ") and answers[1] == b"P later"
+
+
+def test_with_ack_a_standby_that_does_not_acknowledge_is_cut_off() -> None:
+    lab = Lab(replication="ack")
+    follower = activeWithFollower(lab)
+    lab.client()
+    lab.protocol.dataReceived(b"A k 30 0\n")
+    lab.clock.advance(0)
+    for _ in range(110):
+        lab.clock.advance(0.01)
+    assert follower.lagging and follower.closing
+    assert lab.protocol.transport.value().startswith(b"A k ")  # type: ignore[union-attr]
+
+
+def test_a_standby_acknowledges_each_read_on_receipt_and_reads_unpaced() -> None:
+    """
+    One ACK per read, for the last position in it, written before the
+    read's changes are applied; and no read pacing, which would delay it.
+    """
+    lab = Lab(me=1, replication="ack")
+    leader = following(lab)
+    assert not leader.paced
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND")
+    lines(leader)
+    acked: List[bytes] = []
+    applied = lab.cluster.stream.applyChanges
+
+    def applyChanges(j, channel, changes):  # type: ignore[no-untyped-def]
+        acked.append(lab.log[-1][1])  # what was written before applying
+        applied(j, channel, changes)
+
+    lab.cluster.stream.applyChanges = applyChanges  # type: ignore[method-assign]
+    lab.hear(leader, b"G a 11 5000000 0", b"S 7", b"G b 12 5000000 0", b"S 8")
+    assert lines(leader) == [b"ACK 8"]
+    assert acked[0] == b"ACK 8\n"
+    assert sorted(k for k, _ in lab.locks.heldKeys()) == [b"a", b"b"]
+    lab.hear(leader, b"HB %d active - 12" % NOW_US)
+    assert lines(leader) == []  # nothing to acknowledge in that read
+
+
 # -- merge on heal -------------------------------------------------------------
 
 
@@ -508,6 +582,145 @@ def test_after_a_promotion_every_offer_is_merged() -> None:
     fromOther = lab.link(2, outbound=False)
     lab.hear(fromOther, b"OFFER 0 %d" % NOW_US, b"MERGE missed 3 30000000 0", b"SYNC")
     assert sorted(dict(lab.locks.heldKeys())) == [b"missed"]
+
+
+def test_the_losers_releases_stay_released_after_the_heal() -> None:
+    """
+    Issue 21 item 4: the other side released grants we still hold (it
+    served while we were cut off or stopped).  Its release notes drop
+    them here -- also in an offer otherwise ignored, and with a waiter
+    here, which gets the key -- and reach our standbys; a note of another
+    grant of the key changes nothing.
+    """
+    lab = Lab()
+    follower, (gone, waited, other), loser = winnerHolding(lab, b"gone", b"waited", b"other")
+    waiter = lab.client()
+    lab.protocol.dataReceived(b"A waited 30 10\n")
+    lab.clock.advance(0)
+    lab.cluster.inheritedFrom = (1, NOW_US)
+    lab.hear(loser, b"OFFER 1 %d" % NOW_US, b"RELEASED gone %d" % gone,
+             b"RELEASED waited %d" % waited, b"RELEASED other %d" % (other - 1),
+             b"MERGE gone %d 30000000 0" % gone, b"SYNC")
+    lab.clock.advance(0)
+    held = dict(lab.locks.heldKeys())
+    assert b"gone" not in held and held[b"other"].token == other
+    assert held[b"waited"].token > waited
+    assert waiter.value().startswith(b"A waited ")
+    stream = lines(follower)
+    assert b"D gone %d" % gone in stream and b"D waited %d" % waited in stream
+
+
+def test_a_promoted_node_brings_its_releases_of_inherited_grants_to_the_heal() -> None:
+    """
+    The successor of a stopped active answers R OK for grants it took over;
+    when the old active comes back and wins, the successor's offer carries
+    those releases (and not its release of a grant of its own term).
+    """
+    lab = Lab(me=1)
+    leader = following(lab, leader=0)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H k1 5 30000000 0", b"H k2 6 30000000 0",
+             b"SNAPEND")
+    lab.cluster.views[0].alive = False  # stopped
+    lab.cluster._promote()
+    lab.client()
+    assert lab.ask(b"R k1 5") == b"R k1 OK\n"
+    mine = int(lab.ask(b"A mine 30 0").split()[2])
+    assert lab.ask(b"R mine %d" % mine) == b"R mine OK\n"
+    back = lab.link(0, outbound=True)
+    lab.hear(back, b"HB %d active - 5" % (lab.cluster.term + 1))
+    assert lab.cluster.role == STANDBY
+    sent = lines(back)
+    assert sent[0].startswith(b"OFFER 1 ")
+    assert sent[1:4] == [b"RELEASED k1 5", b"MERGE k2 6 30000000 0", b"SYNC"]
+    assert not lab.cluster.releases.noted  # handed over
+
+
+@pytest.mark.parametrize("held, token, expiresAt, releasedHere, verdict", [
+    (None, 5, 100.0, False, merge.TAKE),
+    (None, 5, 100.0, True, merge.KEEP),  # we released it: never undone
+    ((6, 100.0), 5, 500.0, False, merge.KEEP),  # the higher token wins
+    ((4, 100.0), 5, 50.0, False, merge.TAKE),
+    ((5, 100.0), 5, 100.5, False, merge.KEEP),  # our own deadline, a little late
+    ((5, 100.0), 5, 160.0, False, merge.EXTEND),  # renewed on the other side
+])
+def test_the_per_grant_heal_rule(held, token, expiresAt, releasedHere, verdict) -> None:  # type: ignore[no-untyped-def]
+    assert merge.decide(held, token, expiresAt, releasedHere) == verdict
+
+
+def test_the_serving_line_counts_only_live_peers_that_receive_the_stream() -> None:
+    """
+    Issue 21 item 11: after a kill -9 of one peer, "serving: N live
+    peer(s) receive the stream" counts the peers that do, not every peer.
+    """
+    from twisted.logger import Logger, formatEvent
+
+    lab = Lab()
+    said: List[str] = []
+    lab.cluster.log = Logger(observer=lambda event: said.append(formatEvent(event)))
+    follower = lab.link(1, outbound=False)
+    lab.hear(follower, b"HB %d standby - 1" % NOW_US)
+    lab.cluster.term = NOW_US
+    lab.cluster.setRole(ACTIVE)  # node 1 is live and not yet ours: not serving
+    assert not lab.cluster.serving
+    lab.hear(follower, b"SYNC", b"HB %d standby 0 1" % NOW_US)
+    assert lab.cluster.serving
+    serving = [line for line in said if line.startswith("serving:")]
+    assert serving and serving[-1].startswith("serving: 1 live peer(s) receive the stream"), said
+
+
+def saying(lab: Lab) -> List[str]:
+    from twisted.logger import Logger, formatEvent
+
+    said: List[str] = []
+    lab.cluster.log = Logger(observer=lambda event: said.append(formatEvent(event)))
+    return said
+
+
+def test_a_node_far_behind_its_peers_stands_by_and_says_why() -> None:
+    """
+    Issue 21 item 5: our clock is 2 h behind the active's.  We refuse its
+    term and token, but stand by (never promote, even after the start-up
+    grace), say why on /status and once in the log, tell our peers we
+    distrust our clock, and ask for no snapshot we would refuse.  Once
+    that peer is gone we sync afresh.
+    """
+    from lockservice.server.http import status
+
+    lab = Lab()
+    said = saying(lab)
+    lab.wall = NOW_US - 7200 * 10**6
+    lab.cluster.startService()
+    ahead = lab.link(1, outbound=True)
+    for _ in range(30):
+        lab.hear(ahead, b"HB %d active - %d" % (NOW_US, NOW_US))
+        ticks(lab, 0.1)
+    assert lab.cluster.role == STANDBY and lab.locks.role == STANDBY
+    assert lab.locks.lastToken() < NOW_US and lab.cluster.maxTerm < NOW_US
+    assert b"SYNC" not in lines(ahead)
+    report = status(lab.locks, lab.cluster)
+    assert report["role"] == "standby" and report["active"] == PEERS[1]
+    assert "ahead of this node's clock" in report["clock_warning"]
+    assert sum("looks wrong" in line for line in said) == 1, said
+    assert lab.cluster.heartbeatLine().endswith(b" suspect")
+    ahead.connectionLost(Failure(ConnectionLost()))
+    ticks(lab, 1.5)
+    assert lab.cluster.clockSuspect is None
+    lab.cluster.stopService()
+
+
+def test_an_active_that_meets_a_peer_far_ahead_steps_down_and_offers_its_keys() -> None:
+    lab = Lab()
+    lab.cluster.term = NOW_US
+    lab.cluster.setRole(ACTIVE)
+    lab.client()
+    token = int(lab.ask(b"A mine 30 0").split()[2])
+    ahead = lab.link(1, outbound=True)
+    far = NOW_US + 7200 * 10**6
+    lab.hear(ahead, b"HB %d active - %d" % (far, far))
+    assert lab.cluster.role == STANDBY and not lab.cluster.serving
+    sent = lines(ahead)
+    assert b"MERGE mine %d 30000000 0" % token in sent and b"SYNC" not in sent
+    assert lab.ask(b"A other 30 0") == b"M A other %s\n" % PEERS[1].encode()
 
 
 # -- liveness -------------------------------------------------------------------

@@ -90,3 +90,16 @@ def test_fresh_cluster_highest_priority_syncing_node_promotes() -> None:
 def test_in_transit_nodes_do_nothing() -> None:
     assert decide(0, me(HANDING_OFF), {1: peer(ACTIVE, 9)}) is None
     assert decide(0, me(LEAVING), {}) is None
+
+
+def test_a_peer_that_distrusts_its_clock_is_neither_waited_for_nor_handed_the_role() -> None:
+    """
+    Issue 21 item 5: a node far behind stands by saying "suspect"; the
+    others promote past it and never hand off to it.
+    """
+    suspect = PeerView(STANDBY, 1, 1, True, clockSuspect=True)
+    peers = {0: suspect, 1: peer(ACTIVE, alive=False)}
+    assert decide(2, me(STANDBY, leader=1), peers) == Action("promote")
+    assert decide(1, me(ACTIVE, 5), {0: PeerView(STANDBY, 1, 1, True, clockSuspect=True)}) is None
+    assert decide(1, me(SYNCING), {0: PeerView(SYNCING, 1, None, True, clockSuspect=True)}) \
+        == Action("promote")

@@ -284,3 +284,97 @@ def test_readWaitingDeliversWaitingBytesAndLeavesTheEndToTheReactor(reset: bool)
         assert bool(reason.check(ConnectionDone)) is not reset
     finally:
         listener.close()
+
+
+def test_peerHungUpOnTestTransportsSaysNothing() -> None:
+    assert internals.peerHungUp(StringTransport()) is None
+
+
+@inlineCallbacks
+def _hungUpSeen(transport: Any) -> Any:
+    """
+    What peerHungUp says of C{transport} once it says something (the
+    peer's close reaches us through loopback), or None after 5 s.
+    """
+    from twisted.internet.task import deferLater
+
+    for _ in range(500):
+        seen = internals.peerHungUp(transport)
+        if seen is not None:
+            return seen
+        yield deferLater(reactor, 0.01, lambda: None)
+    return None
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+@pytest_twisted.inlineCallbacks
+def test_peerHungUpSeesAResetOfAConnectionNotRead(tls: bool) -> Any:
+    """
+    A peer that closes with our bytes unread sends a reset: the socket of
+    a connection the reactor does not read says so, and its error is left
+    for Twisted (not consumed).  Over TLS the TCP socket below is asked
+    (the peer here never answers the TLS hello: it closes with it unread).
+    """
+    import errno
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    try:
+        proto = _Keep()
+        proto.made = Deferred()
+        endpoint: Any = TCP4ClientEndpoint(reactor, "127.0.0.1", listener.getsockname()[1])
+        if tls:
+            from twisted.internet.endpoints import wrapClientTLS
+            from twisted.internet.ssl import optionsForClientTLS
+
+            endpoint = wrapClientTLS(optionsForClientTLS("localhost"), endpoint)
+        yield connectProtocol(endpoint, proto)
+        transport = yield proto.made
+        transport.pauseProducing()  # not read, as under backpressure
+        accepted, _ = listener.accept()
+        assert internals.peerHungUp(transport) is None
+        if not tls:
+            transport.write(b"unread answer\n")
+        internals.flushToKernel(transport)  # our bytes (or the TLS hello) now
+        accepted.settimeout(5)
+        assert accepted.recv(1)  # our bytes reached it (the rest is unread)
+        assert internals.peerHungUp(transport) is None
+        accepted.close()
+        assert (yield _hungUpSeen(transport)) == internals.RESET
+        tcp = transport if not tls else transport.transport
+        assert tcp.socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNRESET
+        transport.abortConnection()
+    finally:
+        listener.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_peerHungUpSeesAnEndOfInputOnlyOnceNothingIsUnreadBeforeIt() -> Any:
+    """
+    A FIN behind unread requests says nothing (they must be read first);
+    a FIN with nothing unread is an end of input.
+    """
+    from twisted.internet.task import deferLater
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(2)
+    try:
+        transport, accepted = yield _dialled(listener)
+        transport.pauseProducing()
+        accepted.sendall(b"R k 1\n")
+        accepted.shutdown(socket.SHUT_WR)
+        yield deferLater(reactor, 0.2, lambda: None)
+        assert internals.peerHungUp(transport) is None
+        transport.abortConnection()
+        accepted.close()
+
+        transport, accepted = yield _dialled(listener)
+        transport.pauseProducing()
+        accepted.shutdown(socket.SHUT_WR)
+        assert (yield _hungUpSeen(transport)) == internals.END_OF_INPUT
+        transport.abortConnection()
+        accepted.close()
+    finally:
+        listener.close()

@@ -18,6 +18,7 @@ from lockservice.server.service import LockService, PendingAcquire
 class Conn:
     name = "tester"
     gone = False
+    notRead = False
 
     def __init__(self) -> None:
         self.answers: List[bytes] = []

@@ -12,10 +12,11 @@ from twisted.internet.address import IPv4Address
 
 from lockservice.server import protocol
 from lockservice.server.protocol import (
-    ADDRESS_PENALTY,
+    ADDRESS_STALE_BURST,
     MAX_HELD_BACK_BYTES,
     PEER_GRACE,
     PEER_RESERVE,
+    SLOW_STEP,
     STALE_LIMIT,
 )
 from lockservice.server.service import CHUNK_BUDGET
@@ -193,45 +194,76 @@ def test_end_of_input_closes_even_while_paused() -> None:
     assert c.transport.disconnecting and c.transport.producer is None
 
 
-def test_a_new_connection_per_100_guesses_does_not_escape_the_address_budget() -> None:
+def test_neighbours_stale_answers_never_touch_a_live_connection() -> None:
+    """
+    SPEC section 7 (v3): the STALE limit is per connection.  8 connections
+    of one address releasing 15 stale tokens each (120 STALE answers, over
+    the old per-address limit), then 20 more releasing 99 each: nobody is
+    closed, refused or slowed, and an innocent holder of that address
+    releases at once.
+    """
     node = Node()
     holder = node.connect()
     live = holder.ask(b"A payroll 30 0").split()[2]
-    # 100 guesses on a first connection: within both budgets.
-    first = node.connect()
-    first.send(b"".join(b"R payroll %d\n" % i for i in range(1, STALE_LIMIT + 1)))
-    assert not first.transport.disconnecting
-    # A fresh connection from the same address, in the same second: its
-    # first STALE answer is over the address's budget, and it is closed.
-    second = node.connect()
-    second.send(b"R payroll 1\nR payroll 2\n")
-    assert second.take() == b"R payroll STALE\n"
-    assert second.transport.disconnecting
-    # Now even the right token is refused (not executed) from that address
-    # for the penalty, on any connection; other requests still work.
-    third = node.connect()
-    assert third.ask(b"P still") == b"P still\n"
-    assert third.ask(b"R payroll " + live) == (
-        b"E R payroll too many STALE answers from this address\n")
-    assert third.transport.disconnecting
-    assert node.service.table.holder(b"payroll") is not None
-    # Another address is not concerned.
+    releasers = [node.connect() for _ in range(8)]
+    for c in releasers:
+        answers = c.ask(b"".join(b"R gone%d %d\n" % (i, i) for i in range(1, 16))[:-1])
+        assert answers.count(b" STALE\n") == 15
+    for c in [node.connect() for _ in range(20)]:
+        c.send(b"".join(b"R k %d\n" % i for i in range(1, STALE_LIMIT)))
+        assert c.take().count(b" STALE\n") == STALE_LIMIT - 1
+        assert not c.transport.disconnecting
+    for c in releasers:
+        assert not c.transport.disconnecting
+        assert c.transport.producerState == "producing"
+        assert c.ask(b"P alive") == b"P alive\n"
+    assert holder.ask(b"R payroll " + live) == b"R payroll OK\n"
+    assert node.service.stats.staleFloods == 0
+
+
+def test_guessing_over_reconnects_slows_only_new_connections() -> None:
+    """
+    An address whose connections together collect more STALE answers than
+    its budget has its new connections read SLOW_STEP apart; its live
+    connections, and other addresses, are not concerned.
+    """
+    node = Node()
+    holder = node.connect()
+    live = holder.ask(b"A payroll 30 0").split()[2]
+    guesses = b"".join(b"R payroll %d\n" % i for i in range(1, STALE_LIMIT))
+    for _ in range(int(ADDRESS_STALE_BURST / 2) // (STALE_LIMIT - 1) + 1):
+        c = node.connect()
+        c.send(guesses)
+        c.close()
+    late, later, latest = node.connect(), node.connect(), node.connect()
+    assert late.transport.producerState == "producing"  # the first has its turn now
+    assert later.transport.producerState == "paused"
+    assert latest.transport.producerState == "paused"
+    # The live holder of the same address is served at once.
+    assert holder.transport.producerState == "producing"
+    assert holder.ask(b"N payroll " + live + b" 30") == b"N payroll OK\n"
     other = node.connect(IPv4Address("TCP", "10.0.0.2", 4000))
-    assert other.ask(b"R payroll 5") == b"R payroll STALE\n"
-    assert node.service.stats.staleFloods == 2
-    # After the penalty, the address may release again.
-    node.clock.advance(ADDRESS_PENALTY)
-    assert node.connect().ask(b"R payroll " + live) == b"R payroll OK\n"
+    assert other.transport.producerState == "producing"
+    node.clock.advance(SLOW_STEP * 0.99)
+    assert later.transport.producerState == "paused"
+    node.clock.advance(SLOW_STEP * 0.01)
+    assert later.transport.producerState == "producing"
+    assert latest.transport.producerState == "paused"
+    node.clock.advance(SLOW_STEP)
+    assert latest.transport.producerState == "producing"
+    assert holder.ask(b"R payroll " + live) == b"R payroll OK\n"
+    assert node.service.stats.staleFloods == 0
 
 
 def test_the_address_budget_refills_at_100_a_second() -> None:
     node = Node()
-    for _ in range(5):
+    for _ in range(30):
         c = node.connect()
         for i in range(STALE_LIMIT):
             assert c.ask(b"R k %d" % i) == b"R k STALE\n"
             node.clock.advance(0.0101)
         c.close()
+    assert node.connect().transport.producerState == "producing"
     assert node.service.stats.staleFloods == 0
 
 

@@ -279,6 +279,7 @@ class ServiceConn(Conn):
     """
 
     gone = False
+    notRead = False
 
     def __init__(self, name: str) -> None:
         super().__init__(name)

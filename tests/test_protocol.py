@@ -333,7 +333,7 @@ def test_bad_request_echoes_op_and_key_or_star(node: Node, line: bytes, echo: by
 
 
 def test_exact_error_message_for_wrong_arity(node: Node) -> None:
-    assert node.connect().ask(b"A k 30") == b"E A k expected: A <key> <lease> <wait>\n"
+    assert node.connect().ask(b"A k 30") == b"E A k expected: A <key> <lease> <wait> [<share>]\n"
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ def parse(args: List[str]) -> Options:
 @pytest.fixture
 def secret(tmp_path) -> List[str]:  # type: ignore[no-untyped-def]
     path = tmp_path / "secret"
-    path.write_text("s3cret\n")
+    path.write_text("a-secret-long-enough-for-peers\n")
     return ["--secret", str(path)]
 
 
@@ -70,8 +70,25 @@ def test_bad_options_exit_2_with_one_line(capsys, args, message) -> None:  # typ
 
 def test_secret_file_is_read(tmp_path) -> None:  # type: ignore[no-untyped-def]
     secret = tmp_path / "s"
-    secret.write_text("  hunter2\n")
-    assert parse(["--secret", str(secret)])["secretBytes"] == b"hunter2"
+    secret.write_text("  hunter2-hunter2-hunter2\n")
+    assert parse(["--secret", str(secret)])["secretBytes"] == b"hunter2-hunter2-hunter2"
+
+
+@pytest.mark.parametrize("content", ["s3cret", " 15-bytes-secret \n", "x" * 15])
+def test_short_secret_is_refused_in_one_line(tmp_path, capsys, content) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 21 item 13: the docs say long and random; under 16 bytes (after
+    the surrounding whitespace is stripped) is refused, exit 2.
+    """
+    secret = tmp_path / "s"
+    secret.write_text(content)
+    with pytest.raises(SystemExit) as e:
+        parse(["--secret", str(secret)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "at least 16 bytes" in err and str(secret) in err, err
+    secret.write_text("x" * 16)
+    assert parse(["--secret", str(secret)])["secretBytes"] == b"x" * 16
 
 
 def test_ipv6_node_entry_gives_escaped_listen_endpoint(secret) -> None:  # type: ignore[no-untyped-def]

@@ -19,6 +19,7 @@ one of them (L{lockservice.client.sharding}).
 
 from __future__ import annotations
 
+import os
 from typing import (
     Any,
     Callable,
@@ -38,7 +39,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from lockservice.client import sharding
-from lockservice.client.endpoints import Address, EndpointFactory, endpointFactory
+from lockservice.client.endpoints import Address, EndpointFactory, endpointFactory, splitAddress
 from lockservice.client.errors import (
     ConnectionDropped,
     LockError,
@@ -101,6 +102,48 @@ def _seconds(value: float, name: str) -> bytes:
     return wire.formatSeconds(wire.checkSeconds(value, name, positive=False))
 
 
+Share = Union[None, int, str]
+MAX_SLOTS = 65535
+# The suffix every connection name gets (conventions: `I <name>#<12 hex>`),
+# so the node's deadlock check can join the connections of one client.
+INSTANCE_HEX = 12
+
+
+def checkShare(share: Share) -> Share:
+    """
+    A share argument, normalised: None (exclusive; C{1} is the same), C{"r"}
+    (a read lock) or an int of 2..65535 (a semaphore of that many slots).
+
+    @raise ValueError: for anything else (checked before anything is sent).
+    """
+    if share is None or share == "r":
+        return share
+    if isinstance(share, int) and not isinstance(share, bool):
+        if share == 1:
+            return None
+        if 2 <= share <= MAX_SLOTS:
+            return share
+    raise ValueError(f"invalid share {share!r}: None or 1 (exclusive), \"r\" (read), "
+                     f"or an int of 2..{MAX_SLOTS} (semaphore slots)")
+
+
+def shareField(share: Share) -> bytes:
+    """
+    The optional fifth field of C{A} for a normalised share: nothing for an
+    exclusive acquire, so exclusive requests stay byte-identical to SPEC v2.
+    """
+    if share is None:
+        return b""
+    return b" " + str(share).encode("ascii")
+
+
+def wireName(name: Optional[bytes], instance: str) -> bytes:
+    """
+    What a client sends as C{I <...>}: its name plus C{#<instance>}.
+    """
+    return (name or b"") + b"#" + instance.encode("ascii")
+
+
 class Lock:
     """
     A granted lock: its C{key} and fencing C{token}.
@@ -121,10 +164,12 @@ class Lock:
     """
 
     def __init__(self, key: str, token: int, lease: Optional[float] = None,
-                 client: Optional["LockClient"] = None) -> None:
+                 client: Optional["LockClient"] = None, share: Share = None) -> None:
         self.key = key
         self.token = token
         self.lease = lease
+        # None (exclusive), "r" (a read lock) or the semaphore's slot count.
+        self.share = share
         self.expires: Optional[float] = None
         self.lost: "Deferred[LockLost]" = Deferred()
         self.released = False
@@ -135,7 +180,9 @@ class Lock:
         self._lastRenewError: Optional[str] = None
 
     def __repr__(self) -> str:
-        return f"Lock(key={self.key!r}, token={self.token})"
+        if self.share is None:
+            return f"Lock(key={self.key!r}, token={self.token})"
+        return f"Lock(key={self.key!r}, token={self.token}, share={self.share!r})"
 
     @property
     def isLost(self) -> bool:
@@ -200,7 +247,11 @@ class LockClient:
         self.clock = clock
         self.endpointFor = endpointFor
         self.name = name
-        self.pools = [Pool(clock, homes, endpointFor, name) for homes in clusters]
+        # Random per client: the node joins this client's connections (all
+        # named `I <name>#<instance>`) into one client for deadlock checks.
+        self.instance = os.urandom(INSTANCE_HEX // 2).hex()
+        self.wireName = wireName(name, self.instance)
+        self.pools = [Pool(clock, homes, endpointFor, self.wireName) for homes in clusters]
         self.clusterIds = list(clusterIds) if clusterIds else [
             str(homes[0]).encode("utf-8") for homes in clusters]
         if len(set(self.clusterIds)) != len(self.clusterIds):
@@ -209,6 +260,8 @@ class LockClient:
         self._timers: Set[IDelayedCall] = set()
         self._held: Dict[Tuple[str, int], Lock] = {}
         self._nextPool = 0
+        # The result Deferreds of acquires not answered yet: close() fails them.
+        self._acquiring: Set["Deferred[Lock]"] = set()
         # Fail what is still waiting on a timer when the client is closed.
         self._onClose: Set[Callable[[Exception], None]] = set()
 
@@ -280,33 +333,45 @@ class LockClient:
     # -- acquire -------------------------------------------------------------
 
     def acquire(self, key: Union[str, bytes], lease: float, wait: float = 0,
-                keepAlive: bool = False) -> "Deferred[Lock]":
+                keepAlive: bool = False, share: Share = None) -> "Deferred[Lock]":
         """
         Acquire C{key} for C{lease} seconds, waiting at most C{wait} seconds
         (0: no limit).
 
         @param keepAlive: renew the lock automatically (see L{Lock.keepAlive}).
+        @param share: None or 1 (exclusive), C{"r"} (a read lock: any number
+            of readers at once, no writer meanwhile), or an int C{n} of
+            2..65535 (one of C{n} semaphore slots).  See SPEC section 2.
         @return: a Deferred firing with a L{Lock}, or failing with
             L{LockTimeout}, L{LockRejected} or L{NoConnection}.  Cancelling it
             never leaks a lock: a grant that arrives later is released.
         """
         rawKey = _encodeKey(key)
+        share = checkShare(share)
+        shareBytes = shareField(share)
         if lease <= 0:
             raise ValueError("lease must be > 0 seconds")
         leaseField = _seconds(lease, "lease")
-        _seconds(wait, "wait")
+        waitField = _seconds(wait, "wait")
         deadline = self.clock.seconds() + wait if wait > 0 else None
         keyText = key if isinstance(key, str) else key.decode("utf-8")
         pool = self.poolFor(rawKey)
 
+        sends = [0]
+
         def line() -> bytes:
             # A request re-sent after a drop or a redirect asks only for
             # the wait that is left, so the whole acquire stays bounded.
+            # The first asks for the wait given, exactly: a try (wait
+            # 0.000001) would otherwise be spent before it is even sent.
+            sends[0] += 1
             if deadline is None:
                 remaining = b"0"
+            elif sends[0] == 1:
+                remaining = waitField
             else:
                 remaining = _seconds(max(deadline - self.clock.seconds(), 0.001), "wait")
-            return b"A " + rawKey + b" " + leaseField + b" " + remaining + b"\n"
+            return b"A " + rawKey + b" " + leaseField + b" " + remaining + shareBytes + b"\n"
 
         state = {"cancelled": False, "sent": False}
 
@@ -316,6 +381,14 @@ class LockClient:
                 d.errback(error)
 
         result: "Deferred[Lock]" = Deferred(lambda d: giveUp(d, CancelledError()))
+        # close() fails it at once; it leaves the set however it ends.
+        self._acquiring.add(result)
+
+        def settled(value: object) -> object:
+            self._acquiring.discard(result)
+            return value
+
+        result.addBoth(settled)
         guard: Optional[IDelayedCall] = None
         if deadline is not None:
             # The server answers T at the deadline; if its answer is held up
@@ -339,16 +412,16 @@ class LockClient:
                                                   deadline=deadline, onSend=sent)
             except Exception as e:
                 self._cancel(guard)
-                if not state["cancelled"]:
+                if not state["cancelled"] and not result.called:
                     result.errback(e)
                 return
             self._cancel(guard)
             if fields[0] != b"A":
-                if not state["cancelled"]:
+                if not state["cancelled"] and not result.called:
                     result.errback(LockTimeout(f"no grant for {keyText!r} within {wait:g} s"))
                 return
-            lock = Lock(keyText, int(fields[2]), lease, self)
-            if state["cancelled"] or self.closed:
+            lock = Lock(keyText, int(fields[2]), lease, self, share)
+            if state["cancelled"] or self.closed or result.called:
                 # Too late: the caller gave up, so give the key back.
                 self.release(lock).addErrback(lambda f: None)
                 return
@@ -357,6 +430,31 @@ class LockClient:
 
         Deferred.fromCoroutine(attempt())
         return result
+
+    def readLock(self, key: Union[str, bytes], lease: float, wait: float = 0,
+                 keepAlive: bool = False) -> "Deferred[Lock]":
+        """
+        A read lock on C{key}: held beside other readers, never beside a
+        writer (L{writeLock}).  C{acquire(..., share="r")}.
+        """
+        return self.acquire(key, lease, wait, keepAlive, share="r")
+
+    def writeLock(self, key: Union[str, bytes], lease: float, wait: float = 0,
+                  keepAlive: bool = False) -> "Deferred[Lock]":
+        """
+        The writer of a read-write key: the exclusive lock, C{acquire(...)}.
+        """
+        return self.acquire(key, lease, wait, keepAlive)
+
+    def semaphore(self, key: Union[str, bytes], slots: int, lease: float, wait: float = 0,
+                  keepAlive: bool = False) -> "Deferred[Lock]":
+        """
+        One of C{slots} (2..65535) slots of the semaphore C{key}; every
+        acquirer of that key must give the same C{slots}.
+        """
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 2 <= slots <= MAX_SLOTS:
+            raise ValueError(f"invalid slots {slots!r}: an int of 2..{MAX_SLOTS}")
+        return self.acquire(key, lease, wait, keepAlive, share=slots)
 
     async def _send(
         self, pool: Pool, op: bytes, key: bytes, line: Callable[[], bytes],
@@ -374,21 +472,25 @@ class LockClient:
         redirects = 0
         unknownActive = 0
         slot: Optional[Slot] = None
+        # The deadline ends re-sends only: the first try always goes out.
+        tried = False
         while True:
             if self.closed:
                 raise NoConnection("client closed")
             now = self.clock.seconds()
-            if deadline is not None and now >= deadline:
+            if tried and deadline is not None and now >= deadline:
                 return [b"T", key], now
             if slot is None or not slot.up:
                 slot = pool.pick()
             if slot is None:
                 # Nothing is up: wait for the background redial, at most
                 # CONNECT_WAIT; NoConnection then says why none came.
+                tried = True
                 await pool.whenConnected(CONNECT_WAIT)
                 continue
             assert slot.protocol is not None
             sentAt = self.clock.seconds()
+            tried = True
             if onSend is not None:
                 onSend()
             try:
@@ -671,6 +773,13 @@ class LockClient:
         stopping, self._onClose = self._onClose, set()
         for stop in stopping:
             stop(_GaveUp("client closed"))
+        # Every acquire still waiting ends now, with the error its caller
+        # documents; the work behind it (a connection wait, a request in
+        # flight) then ends quietly: nothing is left to fail later, unseen.
+        acquiring, self._acquiring = self._acquiring, set()
+        for d in acquiring:
+            if not d.called:
+                d.errback(NoConnection("client closed"))
         lost = [d for pool in self.pools for d in pool.close()]
         return gatherResults(lost, consumeErrors=True).addCallback(lambda _: None)
 
@@ -876,7 +985,17 @@ def connect(
     @param endpointFor: build the endpoint of an address yourself (tests).
     """
     clusters, ids = parseClusters(addresses)
+    for homes in clusters:
+        for address in homes:
+            if isinstance(address, str):
+                # At once: a typo would otherwise surface only as a failed
+                # connection, after a whole wait.
+                splitAddress(address)
     rawName = _encodeKey(name, "name") if name is not None else None
+    if rawName is not None and len(rawName) > wire.MAX_KEY - 1 - INSTANCE_HEX:
+        raise ValueError(f"invalid name {name!r}: at most "
+                         f"{wire.MAX_KEY - 1 - INSTANCE_HEX} bytes (the client adds "
+                         f"#<{INSTANCE_HEX} hex> to it)")
     client = LockClient(reactor, clusters, endpointFor or endpointFactory(reactor, tls),
                         rawName, ids)
     client.start()

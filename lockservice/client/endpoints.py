@@ -49,6 +49,12 @@ def endpointFactory(reactor: Any, tls: Optional[ClientTLS] = None,
             return endpoint  # type: ignore[no-any-return]
         from twisted.internet.endpoints import wrapClientTLS
 
-        return wrapClientTLS(tls.options(host), endpoint)  # type: ignore[no-any-return]
+        # The reactor given, not the global one: the blocking and asyncio
+        # faces run a private reactor in a thread, and TLS schedules its
+        # small-write flushes on this clock.
+        try:
+            return wrapClientTLS(tls.options(host), endpoint, clock=reactor)  # type: ignore[no-any-return]
+        except TypeError:  # a Twisted without the clock argument
+            return wrapClientTLS(tls.options(host), endpoint)  # type: ignore[no-any-return]
 
     return endpointFor

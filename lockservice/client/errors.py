@@ -56,6 +56,14 @@ class LockLost(LockError):
         self.reason = reason
 
 
+class ForkedClient(LockError):
+    """
+    A client (of the blocking or asyncio face) made before a C{fork()} was
+    used in the child: its connections belong to the parent.  Make a new
+    client in the child.
+    """
+
+
 class ConnectionDropped(Exception):
     """
     The connection carrying a request closed before its answer arrived

@@ -71,8 +71,11 @@ class LockClientProtocol(LineOnlyReceiver):
         noDelay(self.transport)
         tls = INegotiated.providedBy(self.transport)
         first: "Optional[Deferred[Fields]]" = None
-        if self.name is not None:
-            # The answer only confirms; nothing waits for it on plain TCP.
+        if self.name is not None and not tls:
+            # The answer only confirms; nothing waits for it on plain TCP
+            # (so it never holds a retiring connection open either).
+            self.transport.write(b"I " + self.name + b"\n")  # type: ignore[union-attr]
+        elif self.name is not None:
             first = self.request(b"I", self.name, b"I " + self.name + b"\n")
         elif tls:
             first = self.request(b"P", self.PROBE, b"P " + self.PROBE + b"\n")

@@ -35,11 +35,13 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 
+from lockservice.cluster import clocktrust
+from lockservice.cluster.clocktrust import PLAUSIBLE_AHEAD
 from lockservice.cluster.handoff import Handoffs
 from lockservice.cluster.links import Links
 from lockservice.cluster.peer import HandshakeLimit, PeerChannel, acceptChannel
 from lockservice.cluster.released import Releases
-from lockservice.cluster.replication import PLAUSIBLE_AHEAD, Stream
+from lockservice.cluster.replication import ACK, Stream, writeNow
 from lockservice.core import election
 from lockservice.core.election import (
     ACTIVE,
@@ -63,6 +65,8 @@ SUBSCRIBE_BOUND = 2.0
 # Replication lines that change held keys (grant, snapshot holder, drop):
 # runs of them are applied in bulk (Stream.applyChanges).
 _CHANGES = (b"H ", b"G ", b"D ")
+# The lines of a heal's offer (see merge.py), likewise kept in one run.
+_OFFERED = (b"MERGE ", b"RELEAS")
 
 
 class Cluster(Service):
@@ -83,7 +87,13 @@ class Cluster(Service):
         peerTimeout: float = 1.0,
         wallMicros: Callable[[], int] = systemWallMicros,
         endpointFor: Optional[Callable[[int], Any]] = None,
+        replication: str = ACK,
     ) -> None:
+        """
+        @param replication: what client answers wait for: C{"ack"} (every
+            synchronised standby acknowledged receiving the changes) or
+            C{"sent"} (they left this host's socket buffers).
+        """
         self.reactor = reactor
         self.clock = locks.clock
         self.locks = locks
@@ -108,7 +118,7 @@ class Cluster(Service):
         self.links = Links(self.clock, self, self, sorted(self.views), peerTimeout,
                            endpointFor or self._endpointFor, self.peers)
         self.lastHeard = self.links.lastHeard
-        self.stream = Stream(self)
+        self.stream = Stream(self, replication)
         # Releases a lost follower may not know of (see released.py).
         self.releases = Releases(recentFor=2 * peerTimeout + 1.0)
         self.handshakes = HandshakeLimit(self.clock)
@@ -143,8 +153,19 @@ class Cluster(Service):
         # nothing until it has read what its peers sent meanwhile.
         self._resuming = False
         self._implausibleLogged: Dict[int, float] = {}
+        # By peer: what its last heartbeat had far ahead of our clock, and
+        # by how much (see clocktrust).
+        self._aheadOf: Dict[int, Tuple[str, int]] = {}
+        # Why this node distrusts its own clock (shown on /status), or None.
+        self.clockSuspect: Optional[str] = None
+        # Whether we are a standby only because our clock is the suspect
+        # (we hold no state of the cluster's).
+        self._deferred = False
+        # Grants a heal's loser released that we could not release yet
+        # (see releaseMerged).
+        self._releaseWhenServing: List[Tuple[bytes, int]] = []
         locks.observers.append(self.stream)
-        locks.beforeAnswerHooks.append(self.stream.flush)
+        locks.answers.gate = self.stream
         locks.beforeTurnHooks.append(self._notJustResumed)
         locks.setRole(SYNCING, None)
 
@@ -241,7 +262,7 @@ class Cluster(Service):
             candidates = sorted(
                 j for j, v in self.views.items()
                 if v.alive and v.role == STANDBY and v.leader == self.me
-                and j in self.links.inbound and self.links.inbound[j].synced
+                and not v.clockSuspect and j in self.links.inbound and self.links.inbound[j].synced
             )
             if not candidates:
                 self.log.warn("stopping with no live standby: held locks end with this node")
@@ -319,6 +340,8 @@ class Cluster(Service):
             view.secretMismatch = self.links.secretMismatch(j)
             if alive != view.alive:
                 view.alive = alive
+                if not alive:
+                    self._aheadOf.pop(j, None)
                 self._peerChanged(j, alive)
 
     def _peerChanged(self, j: int, alive: bool) -> None:
@@ -333,8 +356,9 @@ class Cluster(Service):
 
     def heartbeatLine(self) -> bytes:
         leader = str(self.leader).encode() if self.leader is not None else b"-"
-        return b"HB %d %s %s %d" % (self.term, self.role.encode(), leader,
+        line = b"HB %d %s %s %d" % (self.term, self.role.encode(), leader,
                                     self.locks.lastToken())
+        return line + b" " + clocktrust.SUSPECT if self.clockSuspect else line
 
     def broadcastHeartbeat(self) -> None:
         self.links.broadcast(self.heartbeatLine())
@@ -357,6 +381,8 @@ class Cluster(Service):
         self.links.channelUp(channel)
 
     def linkUp(self, channel: PeerChannel) -> None:
+        # Acknowledged replication: a paced read would delay the ACK.
+        channel.paced = not self.stream.acknowledged
         channel.send(self.heartbeatLine())
         j = channel.remote
         if channel.outbound and self.leader == j and self.role in (STANDBY, SYNCING):
@@ -398,6 +424,8 @@ class Cluster(Service):
         assert j is not None
         self.links.heard(j)
         transport: Any = channel.transport
+        if self.stream.acknowledged and channel.outbound:
+            self._acknowledge(channel, lines)
         i, count = 0, len(lines)
         while i < count:
             if channel.closing or transport.disconnecting:
@@ -409,15 +437,29 @@ class Cluster(Service):
                 self.stream.applyChanges(j, channel, lines[i:end])
                 i = end
                 continue
-            if lines[i][:6] == b"MERGE ":
+            if lines[i][:6] in _OFFERED:
                 end = i + 1
-                while end < count and lines[end][:6] == b"MERGE ":
+                while end < count and lines[end][:6] in _OFFERED:
                     end += 1
                 self.stream.merge(j, channel, lines[i:end])
                 i = end
                 continue
             self.peerMessage(channel, lines[i].rstrip(b"\r").split(b" "))
             i += 1
+
+    def _acknowledge(self, channel: PeerChannel, lines: List[bytes]) -> None:
+        """
+        On receipt, before applying them: acknowledge the last stream
+        position in this read (one C{ACK} per read, however many
+        positions it holds).  Positions end each flush, so it is mostly
+        the last line.
+        """
+        for index in range(len(lines) - 1, -1, -1):
+            line = lines[index]
+            if line[:2] == b"S ":
+                if self.fromLeader(channel.remote or 0, channel):
+                    writeNow(channel, b"ACK " + line[2:].rstrip(b"\r") + b"\n")
+                return
 
     def peerMessage(self, channel: PeerChannel, fields: List[bytes]) -> None:
         j = channel.remote
@@ -442,17 +484,28 @@ class Cluster(Service):
 
     def _heartbeat(self, j: int, fields: List[bytes]) -> None:
         term, token = int(fields[1]), int(fields[4])
-        if not (self.plausible(j, term, "term") and self.plausible(j, token, "token")):
-            return
         view = self.views[j]
         role = fields[2].decode()
-        view.term = term
         view.role = role if role in election.ROLES else SYNCING
         view.leader = None if fields[3] == b"-" else int(fields[3])
-        self.locks.observeToken(token)
-        self.learnTerm(term)
-        if j == self.leader and self.role == STANDBY and view.role == ACTIVE:
-            self.term = term  # a standby shows the term of the active it follows
+        view.clockSuspect = len(fields) > 5 and fields[5] == clocktrust.SUSPECT
+        now = self.wallMicros()
+        ahead = clocktrust.aheadBy(term, now)
+        what = "term"
+        if ahead is None:
+            ahead, what = clocktrust.aheadBy(token, now), "token"
+        if ahead is not None:
+            # Not adopted; but its role counts: our clock may be the wrong
+            # one (see clocktrust), and then we must not serve beside it.
+            self.plausible(j, term if what == "term" else token, what)  # logs it
+            self._aheadOf[j] = (what, ahead)
+        else:
+            self._aheadOf.pop(j, None)
+            view.term = term
+            self.locks.observeToken(token)
+            self.learnTerm(term)
+            if j == self.leader and self.role == STANDBY and view.role == ACTIVE:
+                self.term = term  # a standby shows the term of the active it follows
         if not view.alive:
             view.alive = True
             self._peerChanged(j, True)
@@ -480,6 +533,9 @@ class Cluster(Service):
         authenticated = [j for j, v in self.views.items() if v.alive]
         mismatched = [j for j, v in self.views.items() if v.secretMismatch]
         may = election.mayPromote(self.me, authenticated, mismatched)
+        self._trustOwnClock(clocktrust.distrustedBy(self._aheadOf, authenticated))
+        if self.clockSuspect is not None:
+            may = False
         action = election.decide(
             self.me, SelfView(self.role, self.term, self.leader, graceOver, may), self.views
         )
@@ -487,6 +543,38 @@ class Cluster(Service):
             self._act(action)
         self.gate()
         self.locks.setActiveAddress(self.activeAddress())
+
+    def _trustOwnClock(self, distrusted: Optional[int]) -> None:
+        """
+        Act on what clocktrust says: while peer C{distrusted} (not None)
+        is alive, our clock is the suspect and we stand by; once it is not
+        (it died, or our clocks agree again) we sync afresh.
+        """
+        if distrusted is None:
+            if self.clockSuspect is not None:
+                self.clockSuspect = None
+                self.log.info("this node's clock agrees with its live peers again")
+                if self._deferred:
+                    self._deferred = False
+                    self.leader = None
+                    self.setRole(SYNCING)
+                self.broadcastHeartbeat()
+            return
+        what, ahead = self._aheadOf[distrusted]
+        if self.clockSuspect is not None:
+            return
+        self.clockSuspect = clocktrust.reason(self.name(distrusted), what, ahead)
+        self.log.error("{why}", why=self.clockSuspect)
+        if self.role == ACTIVE:
+            self.log.warn("stepping down and offering {peer} our {keys} held keys",
+                          peer=self.name(distrusted), keys=self.locks.heldCount())
+            self._offerFrom = (self.me, self.term)
+            self.setRole(STANDBY)
+            self._deferred = True
+        elif self.role == SYNCING:
+            self.setRole(STANDBY)
+            self._deferred = True
+        self.broadcastHeartbeat()
 
     def unsubscribed(self) -> List[int]:
         """
@@ -496,7 +584,7 @@ class Cluster(Service):
         """
         inbound = self.links.inbound
         return [j for j, v in self.views.items()
-                if v.alive and v.role != LEAVING
+                if v.alive and v.role != LEAVING and not v.clockSuspect
                 and not (j in inbound and inbound[j].replicating and v.leader == self.me)]
 
     def gate(self) -> None:
@@ -542,10 +630,14 @@ class Cluster(Service):
             self.serving = serving
             self.locks.setRole(ACTIVE if serving else HANDING_OFF, self.activeAddress())
             if serving:
+                pending, self._releaseWhenServing = self._releaseWhenServing, []
+                for key, token in pending:
+                    self.releaseMerged(key, token)
                 since = max(self.activeSince, self._frozenAt)
                 self.log.info("serving: {peers} live peer(s) receive the stream "
                               "({ms:.0f} ms after this node {what})",
-                              peers=len(self.views) - len(missing),
+                              peers=sum(1 for j, v in self.views.items()
+                                        if v.alive and j not in missing),
                               ms=(now - since) * 1000,
                               what="became active" if since == self.activeSince
                               else "stopped serving")
@@ -608,12 +700,31 @@ class Cluster(Service):
         self.leader = None
         self.inheritedFrom = None
         self.promotions += 1
+        # The old active may come back with its copy of the grants we took
+        # over: note our releases of them for that heal (see merge.py).
+        self.releases.startNoting(self.locks.lastToken(), self.clock.seconds())
         self.setRole(ACTIVE)
         self.log.warn("promoted to active (term {term}) with {keys} held keys",
                       term=self.term, keys=self.locks.heldCount())
         self.eventSink("promotion", self.name(self.me),
                        f"term {self.term}, {self.locks.heldCount()} held keys")
         self.broadcastHeartbeat()
+
+    def releaseMerged(self, key: bytes, token: int) -> None:
+        """
+        A heal's loser released grant C{token} of C{key}, which we still
+        hold: release it here too (its next waiter gets the key, our
+        standbys hear of it).  While we do not serve yet, it is only
+        dropped, and a key with waiters is released when we serve.
+        """
+        if self.locks.role == ACTIVE:
+            self.locks.release(key, token, lambda answer: None)
+            return
+        self.locks.dropHolder(key, token)
+        if self.locks.table.tokenOf(key) == token:
+            self._releaseWhenServing.append((key, token))
+        else:
+            self.stream.dropped(key, token, 0.0, expired=False)
 
     def _caughtUpWithLeader(self) -> bool:
         """
@@ -655,9 +766,13 @@ class Cluster(Service):
         already holds them).
         """
         if self._offerFrom is not None:
-            offered = self.stream.sendMerge(channel, self._offerFrom)
+            grants, notes = self.stream.sendMerge(channel, self._offerFrom)
             self._offerFrom = None
-            if offered:
-                self.log.info("offered {keys} held keys to {peer}", keys=offered,
-                              peer=self.name(channel.remote or 0))
-        channel.send(b"SYNC")
+            # Handed over: the winner keeps them from now on.
+            self.releases.forget()
+            if grants or notes:
+                self.log.info("offered {keys} held keys and {notes} release notes to {peer}",
+                              keys=grants, notes=notes, peer=self.name(channel.remote or 0))
+        if self.clockSuspect is None:
+            # (A node that distrusts its clock would refuse the snapshot.)
+            channel.send(b"SYNC")

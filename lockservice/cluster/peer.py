@@ -141,6 +141,11 @@ class PeerChannel:
         # (replication) since when a follower has left our writes unread,
         # and whether we cut it off for that.
         self.behindSince: Optional[float] = None
+        # The stream position this follower acknowledged (--replication ack).
+        self.acked = 0
+        # Whether reads are paced (see READ_PACE); off when every read must
+        # be acknowledged at once.
+        self.paced = True
         self.lagging = False
         self.socketError = 0
         self.tcpReason: Optional[Failure] = None
@@ -269,7 +274,8 @@ class PeerChannel:
         now = self.cluster.clock.seconds()
         previous, self.lastReceived = self.lastReceived, now
         self._lines(data)
-        if (self.outbound and self.authenticated and not self.closing and not self._catchingUp
+        if (self.outbound and self.paced and self.authenticated and not self.closing
+                and not self._catchingUp
                 and now - previous < READ_PACE and len(data) < PACE_READS_BELOW
                 and self._resumeReading is None):
             self.transport.pauseProducing()  # type: ignore[attr-defined]

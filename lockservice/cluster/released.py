@@ -20,8 +20,11 @@ runs the lease on its own, and a renewal answered by the other side must
 survive.  Everything is forgotten once every peer follows this node again
 and has applied its snapshot (its old copy is gone).
 
-(The other way round, a release answered by the side that loses the heal
-is undone when the winner still holds the grant: see docs/consistency.md.)
+A node promoted in place of its leader notes likewise, from its promotion
+on, its releases of the grants it took over: the old active may come back
+(resumed, healed) holding them.  The side that loses a heal brings its
+notes to the winner with its held keys, and the winner drops its copy of
+each (see merge.py): no release answered by either side is undone.
 
 Pure: time is passed in.
 """
@@ -29,7 +32,7 @@ Pure: time is passed in.
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, Dict, Optional, Tuple
+from typing import Deque, Iterator, Optional, Set, Tuple
 
 # Notes kept at most (about 100 bytes each); beyond, releases are not noted
 # (the heal then keeps the other side's copy, as without notes).
@@ -52,7 +55,8 @@ class Releases:
         """
         self.recentFor = recentFor
         self.watermark: Optional[int] = None
-        self.noted: Dict[bytes, int] = {}
+        # (key, token) of each noted release: a shared key may have several.
+        self.noted: Set[Tuple[bytes, int]] = set()
         self._recent: Deque[Tuple[float, bytes, int]] = deque()
 
     def released(self, key: bytes, token: int, now: float) -> None:
@@ -66,7 +70,7 @@ class Releases:
 
     def _note(self, key: bytes, token: int) -> None:
         if len(self.noted) < MAX_NOTED:
-            self.noted[key] = token
+            self.noted.add((key, token))
 
     def startNoting(self, watermark: int, since: float) -> None:
         """
@@ -83,7 +87,14 @@ class Releases:
         """
         Whether this node released grant C{token} of C{key} while noting.
         """
-        return self.noted.get(key) == token
+        return (key, token) in self.noted
+
+    def notes(self) -> Iterator[Tuple[bytes, int]]:
+        """
+        Every noted release, as (key, token): what this node brings to a
+        heal it loses (see merge.py).
+        """
+        return iter(self.noted)
 
     def forget(self) -> None:
         """

@@ -6,22 +6,29 @@ standby (or, on a heal, the winner) applies it.
 Lines on a peer channel:
 
     SYNC                                    follower -> leader: send state, then stream
-    OFFER <leader> <term>                   follower -> leader, before its MERGE lines:
-                                            they mirror <leader>'s stream of <term>
-    MERGE <key> <token> <remaining_us> <age_us>
-                                            follower -> leader, before SYNC: a key the
-                                            follower holds (a heal: the winner keeps it)
+    OFFER, RELEASED, MERGE lines            follower -> leader, before SYNC, on a heal:
+                                            what the follower holds and released
+                                            (see L{lockservice.cluster.merge})
     SNAP <term> <last_token>                leader -> follower: a snapshot begins
     H <key> <token> <remaining_us> <age_us> one held key of the snapshot
     SNAPEND                                 the snapshot is complete
     SYNCED                                  follower -> leader: it applied the snapshot
     G <key> <token> <remaining_us> <age_us> a grant or a renewal (live stream)
     D <key> <token>                         a release or an expiry (live stream)
+    S <position>                            --replication ack: the stream up to here
+                                            is <position> (one line per flush)
+    ACK <position>                          follower -> leader, on receipt, once per
+                                            read: it has received up to <position>
 
 The live stream is written to the standbys' sockets before any client
-answer (L{Stream.flush} runs as the lock service's "before answers" hook):
-every change of one reactor turn goes to each standby in one write, so a
-kill -9 of the active never loses a change that a client was told about.
+answer (L{Stream} is the lock service's answer gate, see
+L{lockservice.server.turn}): every change of one reactor turn goes to each
+standby in one write, and answers wait until every synchronised standby
+has it -- with C{--replication sent}, until it has left this host's
+socket buffers; with C{--replication ack} (the default), until the
+standby acknowledged receiving it.  So a kill -9 of the active never loses
+a change that a client was told about, and with C{ack} neither do packets
+dropped on the way nor a crash of the active's whole host.
 
 A snapshot is streamed in chunks by a pull producer: the transport asks
 for the next chunk when it has sent the previous one, so heartbeats keep
@@ -37,20 +44,18 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 from twisted.internet.interfaces import IDelayedCall, IPullProducer
 from zope.interface import implementer
 
+from lockservice.cluster import merge as merging
+from lockservice.cluster.clocktrust import PLAUSIBLE_AHEAD
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
+from lockservice.core.table import EXCLUSIVE, LockTable, fitTogether
+from lockservice.core.wire import formatShare, parseShare
 from lockservice.internals import flushToKernel, sendNow
 
 if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
 
 SNAPSHOT_CHUNK = 4000
-# How far ahead of our clock a peer's token or term may be (microseconds).
-PLAUSIBLE_AHEAD = 3600 * 10**6
-# On a heal, an offered copy of a grant we hold (same token) whose deadline
-# is later by more than this was renewed on the other side (seconds; an
-# offer of a million keys takes about a second to arrive and be applied).
-RENEWAL_SLACK = 1.0
 
 
 def writeNow(channel: PeerChannel, data: bytes) -> None:
@@ -67,6 +72,67 @@ def writeNow(channel: PeerChannel, data: bytes) -> None:
 
 def _us(seconds: float) -> int:
     return int(seconds * 1e6)
+
+
+# -- shared keys (SPEC section 2, "Shared keys") --------------------------------
+# A grant of a shared key is a G/H/MERGE line with a sixth field, its share as
+# on the client wire (r, or the semaphore's slots); an exclusive grant's line
+# has none, as ever.  A shared key's grants go highest token first, so that a
+# heal that reads them one by one keeps what fitTogether keeps of them all.
+
+
+def sharedLines(kind: bytes, key: bytes, table: LockTable, now: float) -> List[bytes]:
+    """
+    The C{kind} (H, MERGE) lines of every grant of a shared C{key}.
+    """
+    return [b"%s %s %d %d %d %s" % (kind, key, token, _us(expiresAt - now), _us(now - grantedAt),
+                                    formatShare(share))
+            for token, grantedAt, expiresAt, share in table.sharedGrantsOf(key)]
+
+
+def shareField(fields: List[bytes]) -> int:
+    """
+    The share of a G/H/MERGE line (EXCLUSIVE without a sixth field).
+
+    @raise ValueError: a malformed share.
+    """
+    if len(fields) < 6:
+        return EXCLUSIVE
+    share = parseShare(fields[5])
+    if share is None:
+        raise ValueError(fields[5])
+    return share
+
+
+def mergeShared(locks: Any, key: bytes, token: int, share: int, remaining: float,
+                age: float) -> Tuple[bool, List[int]]:
+    """
+    On a heal, the winner's rule for an offered grant of a key that either
+    side holds in shared form: the grants of both sides that fit together
+    are kept, highest tokens first (L{fitTogether}).
+
+    @return: whether the offered grant is kept (and installed), and the
+        tokens of our own grants that it pushed out (dropped here; the
+        caller tells the standbys).
+    """
+    table: LockTable = locks.table
+    ours = table.sharedGrantsOf(key)
+    for held, _, expiresAt, _ in ours:
+        if held == token:
+            # The same grant on both sides: the later deadline wins (a
+            # renewal answered there), as for an exclusive grant.
+            if locks.clock.seconds() + remaining <= expiresAt + merging.RENEWAL_SLACK:
+                return False, []
+            locks.installHolder(key, token, remaining, age, share)
+            return True, []
+    kept = set(fitTogether([(held, s) for held, _, _, s in ours] + [(token, share)]))
+    if token not in kept:
+        return False, []
+    pushedOut = [held for held, _, _, _ in ours if held not in kept]
+    for held in pushedOut:
+        locks.dropHolder(key, held)
+    locks.installHolder(key, token, remaining, age, share)
+    return True, pushedOut
 
 
 @implementer(IPullProducer)
@@ -92,11 +158,15 @@ class SnapshotProducer:
         cluster = self.stream.cluster
         # The keys were copied at the start; each one's grant is read now
         # (it may have ended or changed since).
-        grantOf = cluster.locks.table.grantOf
+        table = cluster.locks.table
+        grantOf = table.grantOf
         now = cluster.clock.seconds()
         lines: List[bytes] = []
         end = self.index + SNAPSHOT_CHUNK
         for key in self.keys[self.index:end]:
+            if table.isShared(key):
+                lines.extend(sharedLines(b"H", key, table, now))
+                continue
             grant = grantOf(key)
             if grant is not None:
                 token, grantedAt, expiresAt = grant
@@ -119,13 +189,29 @@ class SnapshotProducer:
         self.stopped = True
 
 
+# The replication modes (--replication).
+ACK = "ack"
+SENT = "sent"
+MODES = (ACK, SENT)
+
+
 class Stream:
     """
-    Both ends of the replication stream, for one node.
+    Both ends of the replication stream, for one node, and the gate client
+    answers wait at (L{lockservice.server.turn.Gate}): a position is one
+    flush of the stream.
+
+    @ivar position: the last position flushed.
     """
 
-    def __init__(self, cluster: "Cluster") -> None:
+    def __init__(self, cluster: "Cluster", mode: str = ACK) -> None:
         self.cluster = cluster
+        self.acknowledged = mode == ACK
+        # The gate's hooks (lockservice.server.turn.Gate): never empty, so a
+        # cluster node's answers always wait for this stream.
+        self.hooks: List[Callable[[], Optional[bool]]] = [self.flush]
+        self.position = 0
+        self._reached = 0
         self.pending: List[bytes] = []
         self._flushLater: Optional[IDelayedCall] = None
         # Whether a follower's link still holds unsent bytes (a seam for tests).
@@ -149,12 +235,19 @@ class Stream:
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
                 waited: float) -> None:
         now = self.cluster.clock.seconds()
+        share = self.cluster.locks.table.shareOf(key, token)
+        if share != EXCLUSIVE:
+            self._queue(b"G %s %d %d %d %s\n" % (key, token, _us(expiresAt - now),
+                                                 _us(now - grantedAt), formatShare(share)))
+            return
         self._queue(b"G %s %d %d %d\n" % (key, token, _us(expiresAt - now), _us(now - grantedAt)))
 
     def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
         now = self.cluster.clock.seconds()
         age = now - grantedAt
-        self._queue(b"G %s %d %d %d\n" % (key, token, _us(expiresAt - now), _us(age)))
+        share = self.cluster.locks.table.shareOf(key, token)
+        tail = b"" if share == EXCLUSIVE else b" " + formatShare(share)
+        self._queue(b"G %s %d %d %d%s\n" % (key, token, _us(expiresAt - now), _us(age), tail))
 
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
         self._queue(b"D %s %d\n" % (key, token))
@@ -175,11 +268,40 @@ class Stream:
             self._flushLater = None
         followers = self._followers()
         if self.pending:
+            self.position += 1
+            if self.acknowledged:
+                self.pending.append(b"S %d\n" % self.position)
             data = b"".join(self.pending)
             self.pending = []
             for channel in followers:
                 writeNow(channel, data)
         return self.caughtUp(followers)
+
+    # -- the answer gate (lockservice.server.turn.Gate) ---------------------
+
+    def publish(self) -> int:
+        if self.flush():
+            self._reached = self.position
+        return self.position
+
+    def reached(self) -> int:
+        if self._reached < self.position:
+            followers = self._followers()
+            if self.caughtUp(followers):
+                self._reached = self.position
+            elif self.acknowledged:
+                self._reached = max(self._reached, min(
+                    (c.acked for c in followers if c.synced and not c.lagging),
+                    default=self.position))
+        return self._reached
+
+    def acknowledge(self, channel: PeerChannel, position: int) -> None:
+        """
+        Follower C{channel} has received the stream up to C{position}.
+        """
+        if position > channel.acked:
+            channel.acked = min(position, self.position)
+            self.cluster.locks.answers.reachedMoved()
 
     def caughtUp(self, followers: List[PeerChannel]) -> bool:
         """
@@ -197,10 +319,11 @@ class Stream:
         """
         ready = True
         now = -1.0
+        acknowledged, position = self.acknowledged, self.position
         for channel in followers:
-            if not channel.synced:
+            if not channel.synced or channel.lagging:
                 continue
-            if not self.leftUnsent(channel):
+            if not (channel.acked < position if acknowledged else self.leftUnsent(channel)):
                 channel.behindSince = None
                 continue
             if now < 0:
@@ -209,9 +332,10 @@ class Stream:
                 channel.behindSince = now
             elif now - channel.behindSince >= self.cluster.peerTimeout:
                 self.cluster.log.warn(
-                    "{peer} took no replication for {seconds:.1f} s: link closed, "
+                    "{peer} {what} no replication for {seconds:.1f} s: link closed, "
                     "it syncs again when it reads",
                     peer=self.cluster.name(channel.remote) if channel.remote is not None else "?",
+                    what="acknowledged" if acknowledged else "took",
                     seconds=now - channel.behindSince)
                 channel.lagging = True
                 channel.close(abort=True)
@@ -232,6 +356,7 @@ class Stream:
         locks = self.cluster.locks
         channel.synced = False
         channel.applied = False
+        channel.acked = self.position  # what came before is in the snapshot
         channel.send(b"SNAP %d %d" % (self.cluster.term, locks.lastToken()))
         channel.replicating = True
         producer = SnapshotProducer(self, channel, locks.table.keys())
@@ -251,23 +376,25 @@ class Stream:
             silence=cluster.links.longestSilence.get(j, 0.0) * 1000,
         )
 
-    def sendMerge(self, channel: PeerChannel, origin: Tuple[int, int]) -> int:
+    def sendMerge(self, channel: PeerChannel, origin: Tuple[int, int]) -> Tuple[int, int]:
         """
-        Offer every key we hold to the leader we now follow (a heal), so
-        that it keeps them.
+        Offer the leader we now follow (a heal) every grant we hold and
+        every release we noted since we diverged (see merge.py), so that
+        it keeps the one and does not undo the other.
 
         @param origin: the (leader, term) whose stream our keys mirror.
-        @return: how many keys were offered.
+        @return: how many grants and release notes were offered.
         """
         now = self.cluster.clock.seconds()
-        lines = [
-            b"MERGE %s %d %d %d" % (key, token, _us(expiresAt - now), _us(now - grantedAt))
-            for key, token, grantedAt, expiresAt in self.cluster.locks.table.grants()
-        ]
-        if lines:
-            lines.insert(0, b"OFFER %d %d" % origin)
-            channel.transport.write(b"\n".join(lines) + b"\n")
-        return len(lines) - 1 if lines else 0
+        grants = [(key, token, _us(expiresAt - now), _us(now - grantedAt),
+                   None if share == EXCLUSIVE else formatShare(share))
+                  for key, token, grantedAt, expiresAt, share
+                  in self.cluster.locks.table.everyGrant()]
+        notes = list(self.cluster.releases.notes())
+        data = merging.offerLines(origin, notes, grants)
+        if data:
+            channel.transport.write(data)
+        return len(grants), len(notes)
 
     # -- the receiving side -------------------------------------------------
 
@@ -286,7 +413,7 @@ class Stream:
                 self.startSnapshot(channel)
         elif kind == b"OFFER":
             self.offered(j, channel, int(fields[1]), int(fields[2]))
-        elif kind == b"MERGE":
+        elif kind in (merging.MERGE, merging.RELEASED):
             self.merge(j, channel, [b" ".join(fields)])
         elif kind == b"SNAP":
             if cluster.fromLeader(j, channel):
@@ -302,6 +429,11 @@ class Stream:
             if cluster.fromLeader(j, channel):
                 cluster.synchronised(j)
                 channel.send(b"SYNCED")
+        elif kind == b"S":
+            pass  # acknowledged on receipt (see Cluster.peerLines)
+        elif kind == b"ACK":
+            if not channel.outbound:
+                self.acknowledge(channel, int(fields[1]))
         elif kind == b"SYNCED":
             if not channel.outbound:
                 # Its old copy of the grants is gone (see released.py).
@@ -330,13 +462,14 @@ class Stream:
                     continue
                 expiresAt = now + int(fields[3]) / 1e6
                 grantedAt = now - int(fields[4]) / 1e6
+                share = shareField(fields)
             except (IndexError, ValueError):
                 cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
                 continue
             if token > limit:
                 cluster.plausible(j, token, "token")
                 continue
-            install(key, token, grantedAt, expiresAt)
+            install(key, token, grantedAt, expiresAt, share)
 
     def offered(self, j: int, channel: PeerChannel, leader: int, term: int) -> None:
         """
@@ -359,41 +492,62 @@ class Stream:
 
     def merge(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
         """
-        A run of C{MERGE} lines from peer C{j} (its offer, on a heal), kept
-        by an active node in one loop: a standby's offer after a failover
-        repeats every held key, most of which we hold already.
+        A run of C{MERGE} and C{RELEASED} lines from peer C{j} (its offer,
+        on a heal), kept by an active node in one loop: a standby's offer
+        after a failover repeats every held key, most of which we hold
+        already.  A release note counts even in an offer that is otherwise
+        ignored (see L{offered}): a release answered by anyone is a fact.
         """
         cluster = self.cluster
-        if channel.outbound or cluster.role != ACTIVE or channel.staleOffer:
+        if channel.outbound or cluster.role != ACTIVE:
             return
+        stale = channel.staleOffer
         now = cluster.clock.seconds()
         limit = cluster.wallMicros() + PLAUSIBLE_AHEAD
         table, install = cluster.locks.table, cluster.locks.installHolder
-        tokenOf, expiresAt = table.tokenOf, table.expiresAt
+        grantOf = table.grantOf
         releasedHere = cluster.releases.releasedHere
+        decide = merging.decide
         for line in lines:
             fields = line.rstrip(b"\r").split(b" ")
             try:
                 key, token = fields[1], int(fields[2])
-                held = tokenOf(key)
-                if held is not None and held > token:
+                grant = grantOf(key)
+                if fields[0] == merging.RELEASED:
+                    if table.isShared(key):
+                        releasedThere = table.holdingOf(key, token) is not None
+                    else:
+                        releasedThere = merging.releasedThere(
+                            None if grant is None else grant[0], token)
+                    if releasedThere:
+                        cluster.releaseMerged(key, token)
+                    continue
+                share = shareField(fields)
+                shared = share != EXCLUSIVE or table.isShared(key)
+                if stale or (not shared and grant is not None and grant[0] > token):
                     continue  # the higher token wins
                 remaining, age = int(fields[3]) / 1e6, int(fields[4]) / 1e6
             except (IndexError, ValueError):
                 cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
                 continue
-            if held == token:
-                # The same grant on both sides: a renewal answered on the
-                # other side moved its deadline, and that one is kept.  (A
-                # copy of our own deadline arrives a little later than it
-                # left: within RENEWAL_SLACK it is the same deadline.)
-                if now + remaining <= expiresAt(key) + RENEWAL_SLACK:  # type: ignore[operator]
-                    continue
-            elif token > limit:
+            if token > limit:
                 cluster.plausible(j, token, "token")  # logs it
                 continue
-            elif releasedHere(key, token):
-                continue  # a copy from before our release (see released.py)
-            install(key, token, remaining, age)
+            if shared:
+                # Several grants per key: the fit rule (see mergeShared).
+                if not releasedHere(key, token):
+                    kept, pushedOut = mergeShared(cluster.locks, key, token, share,
+                                                  remaining, age)
+                    for out in pushedOut:
+                        self.dropped(key, out, 0.0, expired=True)
+                    if kept:
+                        cluster.merged += 1
+                        self.granted(key, token, now - age, now + remaining, 0.0)
+                continue
+            verdict = decide(None if grant is None else (grant[0], grant[2]), token,
+                             now + remaining, releasedHere(key, token))
+            if verdict == merging.KEEP:
+                continue
+            install(key, token, remaining, age, share)
             cluster.merged += 1
             self.granted(key, token, now - age, now + remaining, 0.0)

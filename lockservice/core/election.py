@@ -33,6 +33,9 @@ class PeerView:
     leader: Optional[int] = None
     alive: bool = False
     secretMismatch: bool = False
+    # The peer distrusts its own clock (see lockservice.cluster.clocktrust):
+    # it never serves, and holds no state to wait for or hand over to.
+    clockSuspect: bool = False
 
 
 @dataclass
@@ -118,6 +121,7 @@ def _decide(me: int, state: SelfView, peers: Dict[int, PeerView]) -> Optional[Ac
         synced = [
             j for j, v in peers.items()
             if j < me and v.alive and v.role == STANDBY and v.leader == me
+            and not v.clockSuspect
         ]
         if synced:
             return Action("hand-off", min(synced))
@@ -128,7 +132,8 @@ def _decide(me: int, state: SelfView, peers: Dict[int, PeerView]) -> Optional[Ac
         if state.leader != leader:
             return Action("follow", leader)
         return None
-    stateful = [j for j, v in peers.items() if v.alive and v.role == STANDBY]
+    stateful = [j for j, v in peers.items()
+                if v.alive and v.role == STANDBY and not v.clockSuspect]
     if state.role == STANDBY:
         if not any(j < me for j in stateful):
             return Action("promote")
@@ -137,6 +142,7 @@ def _decide(me: int, state: SelfView, peers: Dict[int, PeerView]) -> Optional[Ac
     # after giving the peers time to be heard from.
     if not state.startupGraceOver or stateful:
         return None
-    if any(j < me and v.alive and v.role == SYNCING for j, v in peers.items()):
+    if any(j < me and v.alive and v.role == SYNCING and not v.clockSuspect
+           for j, v in peers.items()):
         return None
     return Action("promote")

@@ -42,6 +42,19 @@ class Series:
             slot.second = second
         return slot
 
+    def add(self, now: float, grants: int = 0, waits: int = 0, holds: int = 0,
+            holdTotal: float = 0.0, holdMax: float = 0.0) -> None:
+        """
+        Count several events of the second of C{now} at once (a batch).
+        """
+        slot = self._slot(now)
+        slot.grants += grants
+        slot.waits += waits
+        slot.holds += holds
+        slot.holdTotal += holdTotal
+        if holdMax > slot.holdMax:
+            slot.holdMax = holdMax
+
     def granted(self, now: float) -> None:
         self._slot(now).grants += 1
 

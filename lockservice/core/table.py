@@ -10,10 +10,60 @@ service around it owns the clock and arms the timers.
 from __future__ import annotations
 
 from array import array
+from heapq import heapify, heappop, heappush
 from itertools import islice
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 MAX_TOKEN = 2**64 - 1
+
+# How an acquire shares its key (the fifth field of C{A}, SPEC section 2
+# "Shared keys"); lockservice.core.wire parses it into these.
+EXCLUSIVE = 1  # one holder at a time: the writer of a read-write key
+READ = 0  # a reader of a read-write key; any other int n is a semaphore of n
+# A key's kind: READ_WRITE (taken by EXCLUSIVE and READ acquires) or the
+# slot count n >= 2 of a semaphore (taken by acquires of n only).
+READ_WRITE = 1
+
+
+def kindOf(share: int) -> int:
+    """
+    The kind of key an acquire of C{share} takes (and creates).
+    """
+    return share if share > EXCLUSIVE else READ_WRITE
+
+
+def describeKind(kind: int) -> str:
+    return "read-write" if kind == READ_WRITE else f"a semaphore of {kind} slots"
+
+
+def fitTogether(grants: List[Tuple[int, int]]) -> List[int]:
+    """
+    Which of C{grants} (C{(token, share)}, from two sides of a heal) a key
+    keeps: highest tokens first, each one that fits beside those kept
+    already (readers beside readers, a writer alone, at most n grants of a
+    semaphore of n).  The highest token sets the key's kind; a grant of
+    another kind (or another slot count) never fits.  So when both sides'
+    grants fit together all are kept, and otherwise the side with the
+    highest token keeps its own (SPEC section 2, "Shared keys").
+
+    @return: the tokens kept, highest first.
+    """
+    kept: List[int] = []
+    kind = 0
+    writer = False
+    seen = set()
+    for token, share in sorted(grants, reverse=True):
+        if token in seen:
+            continue  # the same grant on both sides
+        seen.add(token)
+        if not kept:
+            kind, writer = kindOf(share), share == EXCLUSIVE
+            kept.append(token)
+        elif kindOf(share) != kind or writer or share == EXCLUSIVE:
+            continue
+        elif kind == READ_WRITE or len(kept) < kind:
+            kept.append(token)
+    return kept
 
 
 class TokenExhausted(Exception):
@@ -60,13 +110,16 @@ class Waiter:
     @ivar lease: the lease (seconds) the grant will run for.
     @ivar queuedAt: (monotonic) time it joined the queue.
     @ivar queued: True while it is in a queue.
+    @ivar share: how it would hold the key: L{EXCLUSIVE}, L{READ}, or a
+        semaphore's slot count.
     """
 
-    __slots__ = ("key", "lease", "queuedAt", "queued", "prev", "next")
+    __slots__ = ("key", "lease", "share", "queuedAt", "queued", "prev", "next")
 
-    def __init__(self, key: bytes, lease: float) -> None:
+    def __init__(self, key: bytes, lease: float, share: int = EXCLUSIVE) -> None:
         self.key = key
         self.lease = lease
+        self.share = share
         self.queuedAt = 0.0
         self.queued = False
         self.prev: Optional[Waiter] = None
@@ -157,16 +210,103 @@ class WaitQueue:
 class _Extra:
     """
     What only some held keys need besides their holder: a renewal count,
-    a queue of waiters.  Kept in the table's client list in place of the
-    bare client, for a key that was renewed or is waited for.
+    a queue of waiters, the grants of a shared key.  Kept in the table's
+    client list in place of the bare client, for a key that was renewed,
+    is waited for or is shared.
     """
 
-    __slots__ = ("client", "renewals", "queue")
+    __slots__ = ("client", "renewals", "queue", "shared")
 
     def __init__(self, client: object) -> None:
         self.client = client
         self.renewals = 0
         self.queue: Optional[WaitQueue] = None
+        # Set while the key is held in shared form (then client and
+        # renewals are unused: each grant keeps its own).
+        self.shared: Optional[_Shared] = None
+
+
+class _SharedGrant:
+    """
+    One grant of a shared key (its token is its key in L{_Shared.grants}).
+    """
+
+    __slots__ = ("grantedAt", "expiresAt", "client", "renewals")
+
+    def __init__(self, grantedAt: float, expiresAt: float, client: object) -> None:
+        self.grantedAt = grantedAt
+        self.expiresAt = expiresAt
+        self.client = client
+        self.renewals = 0
+
+
+class _Shared:
+    """
+    The holders of a key held in shared form: a semaphore (always), or a
+    read-write key while readers hold it (a writer holds a read-write key
+    in the plain one-holder form, which costs no more than any exclusive
+    key).
+
+    @ivar kind: L{READ_WRITE}, or the semaphore's slot count.
+    @ivar grants: token -> grant, in grant order (so tokens ascending).
+    @ivar heap: C{(expiresAt, token)} of every grant, plus stale entries of
+        grants released or renewed since (skipped when they come up): the
+        key's earliest deadline in O(log n).
+    """
+
+    __slots__ = ("kind", "grants", "heap")
+
+    def __init__(self, kind: int) -> None:
+        self.kind = kind
+        self.grants: Dict[int, _SharedGrant] = {}
+        self.heap: List[Tuple[float, int]] = []
+
+    def fits(self, share: int) -> bool:
+        """
+        Whether an acquire of C{share} (of this key's kind) fits beside the
+        holders.
+        """
+        if self.kind == READ_WRITE:
+            return share == READ or not self.grants
+        return len(self.grants) < self.kind
+
+    def add(self, token: int, grant: _SharedGrant) -> None:
+        self.grants[token] = grant
+        heappush(self.heap, (grant.expiresAt, token))
+
+    def moved(self, token: int, grant: _SharedGrant) -> None:
+        # A renewal: the old heap entry goes stale.
+        heappush(self.heap, (grant.expiresAt, token))
+        self._compact()
+
+    def earliest(self) -> Tuple[int, _SharedGrant]:
+        """
+        The grant whose lease runs out first (the key must be held).
+        """
+        heap, grants = self.heap, self.grants
+        while True:
+            at, token = heap[0]
+            grant = grants.get(token)
+            if grant is not None and grant.expiresAt == at:
+                return token, grant
+            heappop(heap)
+
+    def _compact(self) -> None:
+        if len(self.heap) > 2 * len(self.grants) + 16:
+            self.heap = [(g.expiresAt, t) for t, g in self.grants.items()]
+            heapify(self.heap)
+
+
+class ShareMismatch(ValueError):
+    """
+    An acquire whose share does not match the kind of the key it asks for
+    (held or waited for): nothing changed.
+    """
+
+    def __init__(self, key: bytes, kind: int) -> None:
+        super().__init__(f"the share does not match the key: it is {describeKind(kind)}")
+        self.key = key
+        self.kind = kind
 
 
 class StaleHolder(LookupError):
@@ -209,30 +349,68 @@ class Holder:
     def _slot(self) -> int:
         table = self._table
         slot = table._keys.get(self.key)
-        if slot is None or table._tokens[slot] != self.token:
+        if (slot is None or table._tokens[slot] != self.token
+                or table._sharedAt(slot) is not None):
             raise StaleHolder(f"the grant {self.token} of {self.key!r} has ended")
         return slot
 
+    def _shared(self) -> Optional[_SharedGrant]:
+        """
+        The grant's record when its key is held in shared form, else None
+        (its slot's arrays hold it).
+        """
+        table = self._table
+        slot = table._keys.get(self.key)
+        shared = table._sharedAt(slot) if slot is not None else None
+        if shared is None:
+            self._slot()
+            return None
+        grant = shared.grants.get(self.token)
+        if grant is None:
+            raise StaleHolder(f"the grant {self.token} of {self.key!r} has ended")
+        return grant
+
     def __repr__(self) -> str:
         return f"<Holder {self.key!r} token {self.token}>"
+
+    @property
+    def share(self) -> int:
+        """
+        How it holds the key: L{EXCLUSIVE}, L{READ}, or the slot count of
+        its semaphore.
+        """
+        table = self._table
+        slot = table._keys.get(self.key)
+        shared = table._sharedAt(slot) if slot is not None else None
+        if shared is None:
+            self._slot()
+            return EXCLUSIVE
+        self._shared()
+        return READ if shared.kind == READ_WRITE else shared.kind
 
     @property
     def grantedAt(self) -> float:
         """
         (Monotonic) time of the grant.
         """
-        return self._table._granted[self._slot()]
+        grant = self._shared()
+        return grant.grantedAt if grant is not None else self._table._granted[self._slot()]
 
     @property
     def expiresAt(self) -> float:
         """
         (Monotonic) time its lease runs out; a renewal moves it.
         """
-        return self._table._expires[self._slot()]
+        grant = self._shared()
+        return grant.expiresAt if grant is not None else self._table._expires[self._slot()]
 
     @expiresAt.setter
     def expiresAt(self, expiresAt: float) -> None:
-        self._table._expires[self._slot()] = expiresAt
+        grant = self._shared()
+        if grant is None:
+            self._table._expires[self._slot()] = expiresAt
+        else:
+            self._table._moveShared(self.key, self.token, grant, expiresAt)
 
     @property
     def client(self) -> object:
@@ -240,7 +418,8 @@ class Holder:
         Who holds it: the opaque client its waiter stood for (the server's
         connection), or None when unknown (a grant learned by replication).
         """
-        return self._table._clientAt(self._slot())
+        grant = self._shared()
+        return grant.client if grant is not None else self._table._clientAt(self._slot())
 
     @property
     def owner(self) -> Optional[str]:
@@ -254,6 +433,9 @@ class Holder:
         """
         How many times the grant was renewed.
         """
+        grant = self._shared()
+        if grant is not None:
+            return grant.renewals
         extra = self._table._clients[self._slot()]
         return extra.renewals if type(extra) is _Extra else 0
 
@@ -262,7 +444,8 @@ class Holder:
         """
         The waiters, or None when nobody waits.
         """
-        return self._table._queueAt(self._slot())
+        self._shared()  # the grant must still hold the key
+        return self._table.queueOf(self.key)
 
     def waiters(self) -> Iterator[Waiter]:
         """
@@ -350,6 +533,15 @@ class LockTable:
         # arrays' 33 stay too) until a new key takes it.
         self._free: List[int] = []
         self.waiterCount = 0
+        # Keys held in shared form whose first waiter may fit beside the
+        # holders now (a run of readers after a writer): the service grants
+        # them a bounded number per reactor turn (L{nextPending},
+        # L{grantHead}), in FIFO order, and nothing overtakes them meanwhile
+        # because a new acquire queues behind any waiter.
+        self.pending: Dict[bytes, None] = {}
+        # Grants of keys held in shared form (see grantCount, which bounds
+        # the service's lease bookkeeping).
+        self.sharedGrants = 0
 
     # -- slots -------------------------------------------------------------
 
@@ -404,10 +596,206 @@ class LockTable:
         return extra
 
     def _unqueued(self, slot: int, extra: _Extra) -> None:
-        # Its queue emptied: back to the bare client unless it was renewed.
+        # Its queue emptied: back to the bare client unless it was renewed
+        # (or is shared).
         extra.queue = None
-        if not extra.renewals:
+        if not extra.renewals and extra.shared is None:
             self._clients[slot] = extra.client
+
+    # -- shared keys -------------------------------------------------------
+
+    def _sharedAt(self, slot: int) -> Optional[_Shared]:
+        extra = self._clients[slot]
+        return extra.shared if type(extra) is _Extra else None
+
+    def _syncShared(self, slot: int, shared: _Shared) -> None:
+        """
+        A shared key's slot arrays show its grant that runs out first, so
+        that lease deadlines (and every per-key query) work on it as on any
+        key.
+        """
+        token, grant = shared.earliest()
+        self._tokens[slot] = token
+        self._granted[slot] = grant.grantedAt
+        self._expires[slot] = grant.expiresAt
+
+    def _moveShared(self, key: bytes, token: int, grant: _SharedGrant, expiresAt: float) -> None:
+        slot = self._keys[key]
+        shared = self._sharedAt(slot)
+        assert shared is not None
+        grant.expiresAt = expiresAt
+        shared.moved(token, grant)
+        self._syncShared(slot, shared)
+
+    def _checkPending(self, key: bytes, extra: _Extra) -> None:
+        queue, shared = extra.queue, extra.shared
+        if (queue is not None and queue.head is not None and shared is not None
+                and shared.fits(queue.head.share)):
+            self.pending[key] = None
+
+    def _acquireShared(self, waiter: Waiter, now: float) -> Optional[Grant]:
+        key, share = waiter.key, waiter.share
+        kind = kindOf(share)
+        slot = self._keys.get(key)
+        if slot is None:
+            token = self.tokens.issue()
+            expiresAt = now + waiter.lease
+            fresh = _Extra(None)
+            created = fresh.shared = _Shared(kind)
+            created.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+            self.sharedGrants += 1
+            self._keys[key] = self._newSlot(token, now, expiresAt, fresh)
+            return Grant(key, token, expiresAt, None)
+        extra = self._extraAt(slot)
+        shared = extra.shared
+        held = shared.kind if shared is not None else READ_WRITE
+        if held != kind:
+            if extra.queue is None and not extra.renewals and shared is None:
+                self._clients[slot] = extra.client  # nothing changed
+            raise ShareMismatch(key, held)
+        queue = extra.queue
+        if shared is not None and queue is None and shared.fits(share):
+            token = self.tokens.issue()
+            expiresAt = now + waiter.lease
+            shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+            self.sharedGrants += 1
+            if expiresAt < self._expires[slot]:
+                self._syncShared(slot, shared)
+            return Grant(key, token, expiresAt, None)
+        waiter.queuedAt = now
+        waiter.queued = True
+        if queue is None:
+            queue = extra.queue = WaitQueue()
+        queue.append(waiter)
+        self.waiterCount += 1
+        return None
+
+    def _endShared(self, key: bytes, slot: int, extra: _Extra, token: int, now: float,
+                   expiring: bool) -> Tuple[bool, Optional[Grant]]:
+        """
+        End the grant C{token} of a key held in shared form (released, or
+        C{expiring} when its lease has run out), and let in whoever fits.
+        """
+        shared = extra.shared
+        assert shared is not None
+        grant = shared.grants.get(token)
+        if grant is None or (expiring and grant.expiresAt > now):
+            return _NOT_HELD
+        del shared.grants[token]
+        self.sharedGrants -= 1
+        if shared.grants:
+            self._syncShared(slot, shared)
+            self._checkPending(key, extra)
+            return _FREED
+        if extra.queue is None:
+            self._freeSlot(key, slot)
+            return _FREED
+        return True, self._grantFirst(key, slot, extra, now)
+
+    def _grantFirst(self, key: bytes, slot: int, extra: _Extra, now: float) -> Grant:
+        """
+        Nothing holds C{key} any more and somebody waits: grant the first
+        waiter (it fits), in the form that suits it (a writer of a
+        read-write key holds it as an exclusive key does).
+
+        @raise HandOverFailed: no token left (the key is freed).
+        """
+        queue = extra.queue
+        assert queue is not None
+        try:
+            token = self.tokens.issue()
+        except TokenExhausted:
+            orphans = self._unqueue(slot, extra)
+            self._freeSlot(key, slot)
+            raise HandOverFailed(orphans) from None
+        waiter = queue.popleft()
+        waiter.queued = False
+        self.waiterCount -= 1
+        expiresAt = now + waiter.lease
+        self._tokens[slot] = token
+        self._granted[slot] = now
+        self._expires[slot] = expiresAt
+        extra.renewals = 0
+        if waiter.share == EXCLUSIVE:
+            extra.shared = None
+            if queue.length:
+                extra.client = waiter.client()
+            else:
+                self._clients[slot] = waiter.client()
+            return Grant(key, token, expiresAt, waiter)
+        shared = extra.shared
+        if shared is None:
+            shared = extra.shared = _Shared(READ_WRITE)
+        shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+        self.sharedGrants += 1
+        extra.client = None
+        if not queue.length:
+            extra.queue = None
+        self._syncShared(slot, shared)
+        self._checkPending(key, extra)
+        return Grant(key, token, expiresAt, waiter)
+
+    def nextPending(self) -> Optional[bytes]:
+        """
+        A key whose first waiter fits beside its holders now (a run of
+        readers, a semaphore with free slots), or None: grant its waiters
+        with L{grantHead}, a bounded number per reactor turn.
+        """
+        pending = self.pending
+        while pending:
+            key = next(iter(pending))
+            slot = self._keys.get(key)
+            if slot is not None:
+                extra = self._clients[slot]
+                if type(extra) is _Extra:
+                    queue, shared = extra.queue, extra.shared
+                    if (queue is not None and queue.head is not None and shared is not None
+                            and shared.fits(queue.head.share)):
+                        return key
+            del pending[key]
+        return None
+
+    def grantHead(self, key: bytes, now: float) -> Optional[Grant]:
+        """
+        Grant C{key}'s first waiter if it fits beside the holders (see
+        L{nextPending}); the key stays pending while the next one fits too.
+
+        @return: the grant, or None when the first waiter does not fit
+            (or nobody waits).
+        @raise HandOverFailed: no token left: every waiter of the key was
+            taken out of its queue (its holders stay).
+        """
+        slot = self._keys.get(key)
+        extra = self._clients[slot] if slot is not None else None
+        if type(extra) is not _Extra or extra.queue is None or extra.shared is None:
+            self.pending.pop(key, None)
+            return None
+        queue, shared = extra.queue, extra.shared
+        waiter = queue.head
+        assert slot is not None and waiter is not None
+        if not shared.fits(waiter.share):
+            self.pending.pop(key, None)
+            return None
+        try:
+            token = self.tokens.issue()
+        except TokenExhausted:
+            self.pending.pop(key, None)
+            raise HandOverFailed(self._unqueue(slot, extra)) from None
+        queue.popleft()
+        waiter.queued = False
+        self.waiterCount -= 1
+        expiresAt = now + waiter.lease
+        shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+        self.sharedGrants += 1
+        if expiresAt < self._expires[slot]:
+            self._syncShared(slot, shared)
+        head = queue.head
+        if head is None:
+            extra.queue = None
+            self.pending.pop(key, None)
+        elif not shared.fits(head.share):
+            self.pending.pop(key, None)
+        return Grant(key, token, expiresAt, waiter)
 
     # -- queries ---------------------------------------------------------
 
@@ -556,7 +944,11 @@ class LockTable:
 
         @return: the grant, or None when the waiter was queued.
         @raise TokenExhausted: no token left; nothing changed.
+        @raise ShareMismatch: the waiter's share does not match the key's
+            kind; nothing changed.
         """
+        if waiter.share != EXCLUSIVE:
+            return self._acquireShared(waiter, now)
         key = waiter.key
         slot = self._keys.get(key)
         if slot is None:
@@ -578,11 +970,13 @@ class LockTable:
                 self._clients.append(waiter.client())
             self._keys[key] = slot
             return Grant(key, token, expiresAt, None)
-        waiter.queuedAt = now
-        waiter.queued = True
         extra = self._clients[slot]
         if type(extra) is not _Extra:
             extra = self._clients[slot] = _Extra(extra)
+        elif extra.shared is not None:
+            return self._acquireShared(waiter, now)  # a reader holds, or a semaphore
+        waiter.queuedAt = now
+        waiter.queued = True
         queue = extra.queue
         if queue is None:
             queue = extra.queue = WaitQueue()
@@ -599,8 +993,10 @@ class LockTable:
         @raise HandOverFailed: released, but the waiters could not be served.
         """
         slot = self._keys.get(key)
-        if slot is None or self._tokens[slot] != token:
+        if slot is None:
             return _NOT_HELD
+        if self._tokens[slot] != token:
+            return self._endOther(key, slot, token, now, expiring=False)
         clients = self._clients
         if type(clients[slot]) is not _Extra:
             # Nobody waits (the common case): free the slot here, inline.
@@ -619,7 +1015,11 @@ class LockTable:
         @raise HandOverFailed: expired, but the waiters could not be served.
         """
         slot = self._keys.get(key)
-        if slot is None or self._tokens[slot] != token or self._expires[slot] > now:
+        if slot is None:
+            return _NOT_HELD
+        if self._tokens[slot] != token:
+            return self._endOther(key, slot, token, now, expiring=True)
+        if self._expires[slot] > now:
             return _NOT_HELD
         clients = self._clients
         if type(clients[slot]) is not _Extra:
@@ -628,6 +1028,15 @@ class LockTable:
             self._free.append(slot)
             return _FREED
         return True, self._handOver(key, slot, now)
+
+    def _endOther(self, key: bytes, slot: int, token: int, now: float,
+                  expiring: bool) -> Tuple[bool, Optional[Grant]]:
+        # A token that is not the one in the key's slot: one of a shared
+        # key's other grants, or stale.
+        extra = self._clients[slot]
+        if type(extra) is _Extra and extra.shared is not None:
+            return self._endShared(key, slot, extra, token, now, expiring)
+        return _NOT_HELD
 
     def renew(self, key: bytes, token: int, lease: float, now: float) -> Optional[Holder]:
         """
@@ -638,7 +1047,17 @@ class LockTable:
             C{token} does not hold the key, or its lease has already run out.
         """
         slot = self._keys.get(key)
-        if slot is None or self._tokens[slot] != token or self._expires[slot] <= now:
+        if slot is None:
+            return None
+        extra = self._clients[slot]
+        if type(extra) is _Extra and extra.shared is not None:
+            grant = extra.shared.grants.get(token)
+            if grant is None or grant.expiresAt <= now:
+                return None
+            self._moveShared(key, token, grant, now + lease)
+            grant.renewals += 1
+            return Holder(self, key, token)
+        if self._tokens[slot] != token or self._expires[slot] <= now:
             return None
         self._expires[slot] = now + lease
         self._extraAt(slot).renewals += 1
@@ -657,9 +1076,12 @@ class LockTable:
         slot = self._keys[waiter.key]
         extra = self._clients[slot]
         assert type(extra) is _Extra and extra.queue is not None
+        first = waiter.prev is None
         extra.queue.remove(waiter)
         if not extra.queue.length:
             self._unqueued(slot, extra)
+        elif first and extra.shared is not None:
+            self._checkPending(waiter.key, extra)  # the next one may fit now
         self.waiterCount -= 1
         return True
 
@@ -673,17 +1095,26 @@ class LockTable:
         slot = self._keys[key]
         extra = self._clients[slot]
         assert type(extra) is _Extra and extra.queue is not None
+        head = first.prev is None
         extra.queue.cut(first, last, count)
         if not extra.queue.length:
             self._unqueued(slot, extra)
+        elif head and extra.shared is not None:
+            self._checkPending(key, extra)
         self.waiterCount -= count
 
     def _handOver(self, key: bytes, slot: int, now: float) -> Optional[Grant]:
         extra = self._clients[slot]
         if type(extra) is not _Extra or extra.queue is None:
+            if type(extra) is _Extra and extra.shared is not None:
+                return self._endShared(key, slot, extra, self._tokens[slot], now, False)[1]
             self._freeSlot(key, slot)
             return None
+        if extra.shared is not None:
+            return self._endShared(key, slot, extra, self._tokens[slot], now, False)[1]
         queue = extra.queue
+        if queue.head is not None and queue.head.share != EXCLUSIVE:
+            return self._grantFirst(key, slot, extra, now)  # readers come in
         try:
             token = self.tokens.issue()
         except TokenExhausted:
@@ -719,15 +1150,23 @@ class LockTable:
 
     # -- replication -------------------------------------------------------
 
-    def install(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
+    def install(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
+                share: int = EXCLUSIVE) -> None:
         """
         Record a holder learned from the active node (a standby's mirror).
         Waiters are never replicated, so the mirror holds none.  Installing
         the token that already holds the key only moves its expiry.
+
+        A grant of C{share} beside the key's holders joins them when it
+        fits (a reader beside readers, a semaphore's grant while it has
+        room); otherwise it replaces them, as a new exclusive grant does:
+        the stream is the active's word, in order.
         """
         self.tokens.observe(token)
         slot = self._keys.get(key)
-        if slot is None:
+        if share != EXCLUSIVE or (slot is not None and self._sharedAt(slot) is not None):
+            self._installShared(key, slot, token, grantedAt, expiresAt, share)
+        elif slot is None:
             self._keys[key] = self._newSlot(token, grantedAt, expiresAt, None)
         elif self._tokens[slot] == token:
             # The same grant again (a renewal, or a new snapshot): it keeps
@@ -736,13 +1175,188 @@ class LockTable:
         else:
             self._regrant(slot, token, grantedAt, expiresAt, None)
 
+    def _installShared(self, key: bytes, slot: Optional[int], token: int, grantedAt: float,
+                       expiresAt: float, share: int) -> None:
+        if slot is not None:
+            extra = self._clients[slot]
+            shared = extra.shared if type(extra) is _Extra else None
+            if shared is not None and token in shared.grants:
+                self._moveShared(key, token, shared.grants[token], expiresAt)
+                return
+            if (shared is not None and share != EXCLUSIVE and shared.kind == kindOf(share)
+                    and shared.fits(share)):
+                shared.add(token, _SharedGrant(grantedAt, expiresAt, None))
+                self.sharedGrants += 1
+                self._syncShared(slot, shared)
+                return
+            if shared is not None:
+                self.sharedGrants -= len(shared.grants)  # replaced
+            if share == EXCLUSIVE:
+                assert type(extra) is _Extra
+                extra.shared = None
+                extra.client = None
+                self._regrant(slot, token, grantedAt, expiresAt, None)
+                if extra.queue is None:
+                    self._clients[slot] = None
+                return
+        shared = _Shared(kindOf(share))
+        shared.add(token, _SharedGrant(grantedAt, expiresAt, None))
+        self.sharedGrants += 1
+        if slot is None:
+            extra = _Extra(None)
+            extra.shared = shared
+            self._keys[key] = self._newSlot(token, grantedAt, expiresAt, extra)
+            return
+        extra = self._extraAt(slot)
+        extra.client = None
+        extra.renewals = 0
+        extra.shared = shared
+        self._syncShared(slot, shared)
+
     def drop(self, key: bytes, token: int) -> None:
         """
         Forget the mirrored holder C{token} of C{key}, if it still holds it.
         """
         slot = self._keys.get(key)
-        if slot is not None and self._tokens[slot] == token and self._queueAt(slot) is None:
+        if slot is None:
+            return
+        shared = self._sharedAt(slot)
+        if shared is not None:
+            if shared.grants.pop(token, None) is not None:
+                self.sharedGrants -= 1
+                if shared.grants:
+                    self._syncShared(slot, shared)
+                elif self._queueAt(slot) is None:
+                    self._freeSlot(key, slot)
+            return
+        if self._tokens[slot] == token and self._queueAt(slot) is None:
             self._freeSlot(key, slot)
+
+    # -- shared keys, for replication and the operator's view ----------------
+
+    def kindOf(self, key: bytes) -> Optional[int]:
+        """
+        C{key}'s kind while it is held or waited for: L{READ_WRITE}, or the
+        slot count of a semaphore; None when it is free.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        shared = self._sharedAt(slot)
+        return shared.kind if shared is not None else READ_WRITE
+
+    def holderCount(self, key: bytes) -> int:
+        """
+        How many grants hold C{key} (0 when it is free).
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return 0
+        shared = self._sharedAt(slot)
+        return len(shared.grants) if shared is not None else 1
+
+    def grantsOf(self, key: bytes) -> List[Holder]:
+        """
+        A view of every grant holding C{key}, oldest (lowest token) first;
+        each view's C{share} says how it holds the key.  Empty when free.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return []
+        shared = self._sharedAt(slot)
+        if shared is None:
+            return [Holder(self, key, self._tokens[slot])]
+        return [Holder(self, key, token) for token in shared.grants]
+
+    def sharedGrantsOf(self, key: bytes) -> List[Tuple[int, float, float, int]]:
+        """
+        C{(token, grantedAt, expiresAt, share)} of every grant of C{key},
+        highest token first (how a heal offers them: L{fitTogether} then
+        keeps the same ones whichever order they come in); empty when free.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return []
+        shared = self._sharedAt(slot)
+        if shared is None:
+            return [(self._tokens[slot], self._granted[slot], self._expires[slot], EXCLUSIVE)]
+        share = READ if shared.kind == READ_WRITE else shared.kind
+        return [(token, grant.grantedAt, grant.expiresAt, share)
+                for token, grant in reversed(shared.grants.items())]
+
+    def shareOf(self, key: bytes, token: int) -> int:
+        """
+        How the grant C{token} of C{key} holds it (L{EXCLUSIVE}, L{READ} or
+        a semaphore's slots); L{EXCLUSIVE} for a key in the one-holder form.
+        """
+        slot = self._keys.get(key)
+        shared = self._sharedAt(slot) if slot is not None else None
+        if shared is None:
+            return EXCLUSIVE
+        return READ if shared.kind == READ_WRITE else shared.kind
+
+    def leaseOf(self, key: bytes, token: int) -> Optional[float]:
+        """
+        When the grant C{token} of C{key} runs out, or None once it has
+        ended (any grant, shared or not).
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        shared = self._sharedAt(slot)
+        if shared is None:
+            return self._expires[slot] if self._tokens[slot] == token else None
+        grant = shared.grants.get(token)
+        return grant.expiresAt if grant is not None else None
+
+    def holdingOf(self, key: bytes, token: int) -> Optional[Tuple[int, float, float, object]]:
+        """
+        L{holding} for the grant C{token} of C{key}, whichever of a shared
+        key's grants it is; None when C{token} does not hold the key.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        shared = self._sharedAt(slot)
+        if shared is None:
+            holding = self.holding(key)
+            return holding if holding is not None and holding[0] == token else None
+        grant = shared.grants.get(token)
+        if grant is None:
+            return None
+        return token, grant.grantedAt, grant.expiresAt, grant.client
+
+    def grantCount(self) -> int:
+        """
+        How many grants hold keys, at most (a shared key counts each of its
+        grants, and once more).
+        """
+        return len(self._keys) + self.sharedGrants
+
+    def everyGrant(self) -> Iterator[Tuple[bytes, int, float, float, int]]:
+        """
+        Every grant as C{(key, token, grantedAt, expiresAt, share)}, a shared
+        key's highest token first (the table must not change meanwhile).
+        """
+        tokens, granted, expires = self._tokens, self._granted, self._expires
+        clients = self._clients
+        for key, slot in self._keys.items():
+            extra = clients[slot]
+            if type(extra) is _Extra and extra.shared is not None:
+                for token, grantedAt, expiresAt, share in self.sharedGrantsOf(key):
+                    yield key, token, grantedAt, expiresAt, share
+            else:
+                yield key, tokens[slot], granted[slot], expires[slot], EXCLUSIVE
+
+    def isShared(self, key: bytes) -> bool:
+        """
+        Whether C{key} is held in shared form (readers, or a semaphore):
+        then L{sharedGrantsOf} lists its grants, and every per-key query
+        (L{tokenOf}, L{expiresAt}, L{holder}...) shows the one that runs
+        out first.
+        """
+        slot = self._keys.get(key)
+        return slot is not None and self._sharedAt(slot) is not None
 
     def takeWaiters(self) -> List[Waiter]:
         """
@@ -757,6 +1371,7 @@ class LockTable:
             if type(extra) is _Extra and extra.queue is not None:
                 orphans.extend(self._unqueue(slot, extra))
         self.waiterCount = 0
+        self.pending.clear()
         return orphans
 
     def clear(self) -> None:
@@ -764,6 +1379,7 @@ class LockTable:
         Forget every holder and waiter (a fresh snapshot follows).
         """
         self.takeWaiters()
+        self.sharedGrants = 0
         self._keys.clear()
         self._tokens = array("Q")
         self._granted = array("d")

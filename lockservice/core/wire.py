@@ -37,13 +37,26 @@ class BadRequest(Exception):
         return b"E " + self.op + b" " + self.key + b" " + self.message.encode() + b"\n"
 
 
-class Acquire:
-    __slots__ = ("key", "lease", "wait")
+# How an acquire shares its key (SPEC section 2, "Shared keys"): the fifth
+# field of C{A}, as a small int so that a waiter keeps it unboxed.
+EXCLUSIVE = 1  # no fifth field, or 1: one holder at a time (a writer)
+READ = 0  # "r": any number of readers, no writer meanwhile
+MAX_SLOTS = 65535  # a semaphore's slots: 2 .. MAX_SLOTS
 
-    def __init__(self, key: bytes, lease: float, wait: float) -> None:
+
+class Acquire:
+    """
+    @ivar share: L{EXCLUSIVE}, L{READ}, or a semaphore's slot count (2 ..
+        L{MAX_SLOTS}).
+    """
+
+    __slots__ = ("key", "lease", "wait", "share")
+
+    def __init__(self, key: bytes, lease: float, wait: float, share: int = EXCLUSIVE) -> None:
         self.key = key
         self.lease = lease
         self.wait = wait
+        self.share = share
 
 
 class Release:
@@ -80,6 +93,8 @@ class Identify:
 Request = Union[Acquire, Release, Renew, Ping, Identify]
 
 _ARITY = {b"A": 4, b"R": 3, b"N": 4, b"P": 2, b"I": 2}
+# Fields an op may have beyond its arity (A's optional share).
+_OPTIONAL = {b"A": 1}
 
 
 # Printable ASCII except space: a key made only of these needs no decoding.
@@ -161,6 +176,32 @@ def formatSeconds(value: float) -> bytes:
     return f"{value:.6f}".rstrip("0").rstrip(".").encode() or b"0"
 
 
+def parseShare(field: bytes) -> Optional[int]:
+    """
+    Parse the share field: C{r}, or C{[1-9][0-9]*} at most L{MAX_SLOTS}.
+
+    @return: L{READ}, L{EXCLUSIVE} (for C{1}) or the slot count; None when
+        malformed.
+    """
+    if field == b"r":
+        return READ
+    # isdigit: ASCII digits only; a leading zero is not the grammar.
+    if not field.isdigit() or field[0] == 0x30 or len(field) > 5:
+        return None
+    slots = int(field)
+    return slots if slots <= MAX_SLOTS else None
+
+
+def formatShare(share: int) -> bytes:
+    """
+    The share field for C{share}, or C{b""} for an exclusive acquire (which
+    sends no fifth field).
+    """
+    if share == EXCLUSIVE:
+        return b""
+    return b"r" if share == READ else str(share).encode()
+
+
 def parseToken(field: bytes) -> Optional[int]:
     if not field.isdigit():
         return None
@@ -172,7 +213,7 @@ def parseToken(field: bytes) -> Optional[int]:
 
 
 _USAGE = {
-    b"A": "expected: A <key> <lease> <wait>",
+    b"A": "expected: A <key> <lease> <wait> [<share>]",
     b"R": "expected: R <key> <token>",
     b"N": "expected: N <key> <token> <lease>",
     b"P": "expected: P <word>",
@@ -182,6 +223,7 @@ _BAD_KEY = "bad key: 1-250 bytes of UTF-8, no spaces or control characters"
 _BAD_WORD = "bad word: 1-250 bytes of UTF-8, no spaces or control characters"
 _BAD_NAME = "bad name: 1-250 bytes of UTF-8, no spaces or control characters"
 _BAD_TOKEN = "bad token: decimal digits, at most 2^64-1"
+_BAD_SHARE = f"bad share: r, or slots 1-{MAX_SLOTS} (digits, no leading zero)"
 
 
 def _bad(fields: List[bytes], message: str) -> BadRequest:
@@ -205,7 +247,7 @@ def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
         raise _bad(fields, "fields must be separated by exactly one space")
     if arity is None:
         raise _bad(fields, "unknown operation")
-    if len(fields) != arity:
+    if not arity <= len(fields) <= arity + _OPTIONAL.get(op, 0):
         raise _bad(fields, _USAGE[op])
     key = fields[1]
     if not isValidKey(key):
@@ -215,7 +257,12 @@ def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
         wait = parseSeconds(fields[3], maxWait)
         if wait is None:
             raise _bad(fields, f"bad wait: seconds, 0 <= wait <= {maxWait:g}, digits only")
-        return Acquire(key, lease, wait)
+        if len(fields) == 4:
+            return Acquire(key, lease, wait)
+        share = parseShare(fields[4])
+        if share is None:
+            raise _bad(fields, _BAD_SHARE)
+        return Acquire(key, lease, wait, share)
     if op == b"R":
         return Release(key, _token(fields, fields[2]))
     if op == b"N":

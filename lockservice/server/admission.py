@@ -6,16 +6,22 @@ Connections: at most C{maxConnections} client connections at once; past
 that a new connection is admitted "on probation" (it may be a peer, which
 shares the client port) or refused.
 
-STALE policing: a connection collecting more than L{STALE_LIMIT} STALE
-answers (to R or N) within L{STALE_WINDOW} seconds is guessing tokens and
-is closed; the same rule per source address across its connections.
+STALE policing (SPEC section 7): a connection collecting more than
+L{STALE_LIMIT} STALE answers (to R or N) within L{STALE_WINDOW} seconds is
+guessing tokens and is closed.  That limit is per connection: a neighbour's
+STALE answers never close, refuse or delay a live connection (many honest
+clients share one address: a host's processes, a NAT, a proxy).  Guessing
+over reconnects is met at the door instead: an address whose connections
+together collect STALE answers far faster than anyone honest has its *new*
+connections slowed (each is read only after the one before it had its
+turn).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from math import inf
-from typing import Any, Deque, List, Optional
+from typing import Any, Deque, List
 
 from twisted.logger import Logger
 
@@ -32,22 +38,23 @@ PEER_GRACE = 2.0
 STALE_LIMIT = 100
 STALE_WINDOW = 1.0
 
-# The same rule per source address, across all its connections (a guesser
-# could otherwise open a new connection per 100 guesses): a token bucket of
+# Per source address, across all its connections: a token bucket of
 # ADDRESS_STALE_RATE STALE answers a second (ADDRESS_STALE_BURST at most at
-# once).  An address that runs it dry is penalized for ADDRESS_PENALTY
-# seconds: every R or N it sends meanwhile closes its connection unanswered
-# and unexecuted.  At most ADDRESS_TABLE_SIZE addresses are tracked (the
+# once: ten connections' worth of the per-connection limit).  While an
+# address has less than SLOW_BELOW of it left, each new connection from it
+# is read only SLOW_STEP seconds after the previous new one (so
+# reconnecting buys a guesser one connection's worth of guesses a second,
+# about the refill: it stays slowed while it goes on); live connections
+# are never touched.  At most ADDRESS_TABLE_SIZE addresses are tracked (the
 # least recently seen is forgotten first), so memory stays bounded.
 ADDRESS_STALE_RATE = 100.0
-ADDRESS_STALE_BURST = 100.0
-ADDRESS_PENALTY = 10.0
+ADDRESS_STALE_BURST = 1000.0
+SLOW_STEP = 1.0
+SLOW_BELOW = ADDRESS_STALE_BURST / 2
 ADDRESS_TABLE_SIZE = 65_536
 
 ADMITTED, PROBATION, REFUSED = "admitted", "probation", "refused"
 
-# Why a connection is closed for STALE answers.
-CONNECTION_FLOOD, ADDRESS_FLOOD = "connection", "address"
 
 
 class StaleWindow:
@@ -84,7 +91,8 @@ class Admission:
         self.acceptsPeers = acceptsPeers
         self.probation = 0
         self._staleLoggedAt = -inf
-        # Per source address: [tokens left, last refill, penalized until].
+        self._slowLoggedAt = -inf
+        # Per source address: [tokens left, last refill, next new connection's start].
         self._staleBudgets: "OrderedDict[str, List[float]]" = OrderedDict()
 
     # -- connections ---------------------------------------------------------
@@ -107,24 +115,21 @@ class Admission:
 
     # -- STALE answers -------------------------------------------------------
 
-    def stale(self, window: StaleWindow, host: str, now: float) -> Optional[str]:
+    def stale(self, window: StaleWindow, host: str, now: float) -> bool:
         """
-        Count a STALE answer to a connection from C{host}.
+        Count a STALE answer to a connection from C{host} (its C{window}).
 
-        @return: None, or why the connection must be closed
-            (L{CONNECTION_FLOOD}, L{ADDRESS_FLOOD}).
+        @return: True when that connection must be closed (its own flood).
         """
-        if window.flooded(now):
-            return CONNECTION_FLOOD
-        if not self.spendStale(host, now):
-            return ADDRESS_FLOOD
-        return None
+        budget = self._budget(host, now)
+        if budget[0] >= 1.0:
+            budget[0] -= 1.0
+        return window.flooded(now)
 
-    def spendStale(self, host: str, now: float) -> bool:
+    def _budget(self, host: str, now: float) -> List[float]:
         """
-        Take one STALE answer from C{host}'s budget.
-
-        @return: False when the budget ran dry: C{host} is penalized now.
+        C{host}'s [STALE answers left, last refill, next new connection's
+        start], refilled up to C{now}.
         """
         budgets = self._staleBudgets
         budget = budgets.get(host)
@@ -137,34 +142,35 @@ class Admission:
             budget[0] = min(ADDRESS_STALE_BURST,
                             budget[0] + (now - budget[1]) * ADDRESS_STALE_RATE)
             budget[1] = now
-        if budget[0] >= 1.0:
-            budget[0] -= 1.0
-            return True
-        budget[2] = now + ADDRESS_PENALTY
-        return False
+        return budget
 
-    def penalized(self, host: str, now: float) -> bool:
+    def readDelay(self, conn: Any, now: float) -> float:
         """
-        Whether C{host} ran its STALE budget dry within the last
-        C{ADDRESS_PENALTY} seconds.
+        How long to leave a new connection (C{conn}, from C{conn.host})
+        unread: 0 unless its address spent more than half its STALE budget.
         """
-        budget = self._staleBudgets.get(host)
-        return budget is not None and now < budget[2]
+        budget = self._staleBudgets.get(conn.host)
+        if budget is None:
+            return 0.0
+        budget = self._budget(conn.host, now)
+        if budget[0] >= SLOW_BELOW:
+            return 0.0
+        start = max(now, budget[2])
+        budget[2] = start + SLOW_STEP
+        if now - self._slowLoggedAt >= 60:
+            self._slowLoggedAt = now
+            self.log.warn("new connections from {host} are read {step:g} s apart: its "
+                          "connections collected more than {rate:g} STALE answers a second "
+                          "(guessing tokens over reconnects?); its live connections are "
+                          "not concerned", host=conn.host, step=SLOW_STEP,
+                          rate=ADDRESS_STALE_RATE)
+        return start - now
 
-    def staleFlood(self, conn: Any, now: float, address: bool = False) -> None:
+    def staleFlood(self, conn: Any, now: float) -> None:
         # At most one log line a minute: the closing itself is counted.
         if now - self._staleLoggedAt < 60:
             return
         self._staleLoggedAt = now
-        if address:
-            self.log.warn("closed {peer}: its address {host} collected more than {rate:g} "
-                          "STALE answers a second over its connections (guessing tokens?); "
-                          "its R and N requests are refused for {penalty:g} s; further "
-                          "closes are counted in "
-                          "lockservice_rejected_total{{limit=\"stale_flood\"}}",
-                          peer=conn.name, host=conn.host, rate=ADDRESS_STALE_RATE,
-                          penalty=ADDRESS_PENALTY)
-            return
         self.log.warn("closed {peer}: more than {limit} STALE answers within {window:g} s "
                       "(guessing tokens?); further closes are counted in "
                       "lockservice_rejected_total{{limit=\"stale_flood\"}}",

@@ -24,5 +24,7 @@ class ClusterView(Protocol):
     promotions: int
     views: Dict[int, PeerView]
     lastHeard: Dict[int, float]
+    # Why this node distrusts its own clock and stands by, or None.
+    clockSuspect: Optional[str]
 
     def activeAddress(self) -> Optional[bytes]: ...

@@ -12,7 +12,7 @@ from typing import Iterator, Optional, Tuple
 from twisted.internet.interfaces import IReactorTime
 
 from lockservice.core.election import ACTIVE, HANDING_OFF
-from lockservice.core.table import Holder, LockTable
+from lockservice.core.table import EXCLUSIVE, Holder, LockTable
 from lockservice.server.deadlines import LeaseDeadlines
 
 
@@ -60,14 +60,15 @@ class Mirroring:
     def heldCount(self) -> int:
         return len(self.table)
 
-    def installHolder(self, key: bytes, token: int, remaining: float, age: float = 0.0) -> None:
+    def installHolder(self, key: bytes, token: int, remaining: float, age: float = 0.0,
+                      share: int = EXCLUSIVE) -> None:
         """
         Mirror a grant learned by replication (or, on an active node, merged
         on a heal): C{key} held by C{token} for C{remaining} more seconds,
-        granted C{age} seconds ago.
+        granted C{age} seconds ago, shared as C{share}.
         """
         now = self.clock.seconds()
-        self.table.install(key, token, now - age, now + remaining)
+        self.table.install(key, token, now - age, now + remaining, share)
         if self.role == ACTIVE:
             self._fileLease(key, token, now + remaining)
         elif self.role == HANDING_OFF:

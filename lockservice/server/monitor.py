@@ -6,8 +6,13 @@ grants are held too long, which clients are deadlocked, and the admin's
 force-release.
 
 L{Monitor} is told of every change by the L{LockService} (it is one of
-its C{activity} observers) and by the cluster layer (L{Monitor.clusterEvent});
-it never changes the table itself except through the service's normal
+its C{activity} observers).  On that hot path it only notes the change (one
+tuple appended to a log) and keeps the wait-for graph current; the event
+ring, the per-key statistics and the per-second series are derived from
+the log when something reads them (a page, a check), or when it reaches
+L{FOLD_AT} entries, so they cost little per request.  It is also told
+of the cluster's events (L{Monitor.clusterEvent}); it never changes the
+table itself except through the service's normal
 release path (force-release), so replication and the other observers see
 that release like any other.
 """
@@ -114,6 +119,12 @@ _WATCHED = (ACTIVE, HANDING_OFF)
 CHECK_BUDGET = 5000
 # Cycles listed on /status and the dashboard (the rest are counted).
 DEADLOCKS_LISTED = 20
+# Changes noted before they are folded into the events, statistics and
+# series even if nobody reads them (bounds the log's memory).
+FOLD_AT = 1024
+
+# The kinds of noted change (the first item of a log entry).
+_GRANTED, _DROPPED, _QUEUED, _ENDED, _RENEWED = range(5)
 
 
 def _name(conn: Any) -> str:
@@ -153,9 +164,11 @@ class Monitor:
         self.clock = clock
         self.wallTime = wallTime
         self.warnHold = warnHold
-        self.events = EventRing(events)
-        self.keys = KeyStats(trackedKeys)
-        self.series = Series(seriesSpan)
+        self._events = EventRing(events)
+        self._keys = KeyStats(trackedKeys)
+        self._series = Series(seriesSpan)
+        # Changes not yet folded into the three above (see fold).
+        self._log: List[Tuple[Any, ...]] = []
         self.graph = WaitForGraph(holderOf)
         self._checking: Optional[IDelayedCall] = None
         self.longHolds = 0
@@ -167,28 +180,120 @@ class Monitor:
         self._alarm: Optional[IDelayedCall] = None
         self._role = ACTIVE  # a lock service starts active
 
-    # -- the activity observer -------------------------------------------------
+    # -- what is derived lazily ------------------------------------------------
+
+    @property
+    def events(self) -> EventRing:
+        """
+        The event ring, with every change noted so far.
+        """
+        if self._log:
+            self.fold()
+        return self._events
+
+    @property
+    def keys(self) -> KeyStats:
+        """
+        The per-key statistics, with every change noted so far.
+        """
+        if self._log:
+            self.fold()
+        return self._keys
+
+    @property
+    def series(self) -> Series:
+        """
+        The per-second series, with every change noted so far.
+        """
+        if self._log:
+            self.fold()
+        return self._series
+
+    def fold(self) -> None:
+        """
+        Fold the noted changes into the events, statistics and series, in
+        the order they happened.  An event's wall-clock time is its
+        monotonic time moved by the current offset between the two clocks.
+        """
+        log, self._log = self._log, []
+        offset = self.wallTime() - self.clock.seconds()
+        add = self._events.add
+        keys = self._keys
+        # The series counts per whole second: a batch per second, not a
+        # call per event.
+        second = None
+        grants = waits = holds = 0
+        holdTotal = holdMax = 0.0
+        for entry in log:
+            kind, now, key = entry[0], entry[1], entry[2]
+            if now // 1 != second:
+                if second is not None:
+                    self._series.add(second, grants, waits, holds, holdTotal, holdMax)
+                second = now // 1
+                grants = waits = holds = 0
+                holdTotal = holdMax = 0.0
+            wall = now + offset
+            if kind == _GRANTED:
+                _, _, _, token, owner, waited, queued = entry
+                keys.granted(key, waited)
+                grants += 1
+                if queued:
+                    add(wall, ev.GRANT, key, token, owner, "after waiting %.3f s", waited)
+                else:
+                    add(wall, ev.GRANT, key, token, owner)
+            elif kind == _DROPPED:
+                _, _, _, token, owner, heldFor, expired, forced = entry
+                keys.dropped(key, heldFor, expired)
+                holds += 1
+                holdTotal += heldFor
+                if heldFor > holdMax:
+                    holdMax = heldFor
+                if forced is not None:
+                    add(wall, ev.FORCE_RELEASE, key, token, owner, forced)
+                else:
+                    add(wall, ev.EXPIRY if expired else ev.RELEASE, key, token, owner,
+                        "after %.3f s", heldFor)
+            elif kind == _QUEUED:
+                keys.queued(key)
+                waits += 1
+            elif kind == _ENDED:
+                _, _, _, who, waited, reason = entry
+                if reason == TIMEOUT:
+                    keys.timedOut(key, waited)
+                if reason in (TIMEOUT, WITHDRAWAL):
+                    add(wall, reason, key, None, who, "after %.3f s", waited)
+            else:
+                _, _, _, token, owner, lease = entry
+                add(wall, ev.RENEWAL, key, token, owner, "lease %.3f s", lease)
+        if second is not None:
+            self._series.add(second, grants, waits, holds, holdTotal, holdMax)
+
+    def _note(self, entry: Tuple[Any, ...]) -> None:
+        log = self._log
+        log.append(entry)
+        if len(log) >= FOLD_AT:
+            self.fold()
 
     def _event(self, type: str, key: Optional[bytes] = None, token: Optional[int] = None,
                who: Optional[str] = None, detail: Optional[str] = None,
                seconds: Optional[float] = None) -> None:
-        self.events.add(self.wallTime(), type, key, token, who, detail, seconds)
+        # An event not noted by the hot path: after every noted one.
+        if self._log:
+            self.fold()
+        self._events.add(self.wallTime(), type, key, token, who, detail, seconds)
+
+    # -- the activity observer -------------------------------------------------
 
     def queued(self, now: float, waiter: Waiter) -> None:
-        self.keys.queued(waiter.key)
-        self.series.queued(now)
+        self._note((_QUEUED, now, waiter.key))
         self.graph.wait(waiter.key, waiter.conn)
         self._checkSoon()
 
     def waitEnded(self, now: float, waiter: Waiter, reason: str) -> None:
-        waited = now - waiter.queuedAt
-        who = waiter.holderName()
+        self._note((_ENDED, now, waiter.key, waiter.holderName(), now - waiter.queuedAt,
+                    reason))
         self.graph.unwait(waiter.key, waiter.conn)
         self._checkSoon()
-        if reason == TIMEOUT:
-            self.keys.timedOut(waiter.key, waited)
-        if reason in (TIMEOUT, WITHDRAWAL):
-            self._event(reason, waiter.key, None, who, "after %.3f s", waited)
 
     def granted(self, now: float, key: bytes, token: int, owner: Optional[str],
                 waiter: Optional[Waiter], waited: float,
@@ -198,8 +303,10 @@ class Monitor:
         C{owner} then), at once (C{waiter} None) or to a queued C{waiter};
         the table (C{holderOf}) says so already.
         """
-        self.keys.granted(key, waited)
-        self.series.granted(now)
+        log = self._log  # as _note, inline: this runs at every grant and release
+        log.append((_GRANTED, now, key, token, owner, waited, waiter is not None))
+        if len(log) >= FOLD_AT:
+            self.fold()
         if self.warnHold is not None:
             # Only long-hold checks need a record per grant: without
             # --warn-hold the table's holders are all there is per key.
@@ -211,34 +318,29 @@ class Monitor:
                 conn = waiter.conn
         self.graph.hold(key, conn)
         self._checkSoon()
-        if waiter is not None:
-            self._event(ev.GRANT, key, token, owner, "after waiting %.3f s", waited)
-        else:
-            self._event(ev.GRANT, key, token, owner)
         if self.warnHold is not None:
             self._watch(now + self.warnHold, key, token)
 
     def dropped(self, now: float, key: bytes, token: int, owner: Optional[str],
                 heldFor: float, expired: bool) -> None:
-        self.keys.dropped(key, heldFor, expired)
-        self.series.held(now, heldFor)
-        held = self._held.get(key)
-        if held is not None and held.token == token:
-            self._forgetHeld(key)
-            if owner is None:
-                owner = held.owner
+        if self._held:
+            held = self._held.get(key)
+            if held is not None and held.token == token:
+                self._forgetHeld(key)
+                if owner is None:
+                    owner = held.owner
+        forcing = self._forcing
+        forced = forcing[2] if forcing is not None and forcing[:2] == (key, token) else None
+        log = self._log  # as _note, inline: this runs at every grant and release
+        log.append((_DROPPED, now, key, token, owner, heldFor, expired, forced))
+        if len(log) >= FOLD_AT:
+            self.fold()
         self.graph.unhold(key)
         self._checkSoon()
-        forcing = self._forcing
-        if forcing is not None and forcing[:2] == (key, token):
-            self._event(ev.FORCE_RELEASE, key, token, owner, forcing[2])
-        else:
-            self._event(ev.EXPIRY if expired else ev.RELEASE, key, token, owner,
-                        "after %.3f s", heldFor)
 
     def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
                 expiresAt: float) -> None:
-        self._event(ev.RENEWAL, key, token, owner, "lease %.3f s", expiresAt - now)
+        self._note((_RENEWED, now, key, token, owner, expiresAt - now))
 
     def roleChanged(self, now: float, role: str,
                     holders: Iterable[Tuple[bytes, HeldKey]]) -> None:

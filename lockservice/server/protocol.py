@@ -18,10 +18,8 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from lockservice.core import wire
-from lockservice.internals import plainSocket, sendNow
+from lockservice.internals import END_OF_INPUT, plainSocket, sendNow
 from lockservice.server.admission import (  # noqa: F401 (re-exported for the tests)
-    ADDRESS_FLOOD,
-    ADDRESS_PENALTY,
     ADDRESS_STALE_BURST,
     ADDRESS_STALE_RATE,
     ADDRESS_TABLE_SIZE,
@@ -30,11 +28,13 @@ from lockservice.server.admission import (  # noqa: F401 (re-exported for the te
     PEER_RESERVE,
     PROBATION,
     REFUSED,
+    SLOW_STEP,
     STALE_LIMIT,
     STALE_WINDOW,
     Admission,
     StaleWindow,
 )
+from lockservice.server.hangups import HangUpSweep
 from lockservice.server.service import LockService, PendingAcquire
 from lockservice.tcp import noDelay
 
@@ -122,6 +122,9 @@ class LockProtocol(LineOnlyReceiver):
         self._producing = False
         self._admission = _ADMITTED
         self._probation: Optional[IDelayedCall] = None
+        # Left unread for a while at first (a new connection from an address
+        # that guesses tokens over reconnects; see admission.py).
+        self._slowed: Optional[IDelayedCall] = None
         self._staleWindow: Optional[StaleWindow] = None
         self.name = "?"
         # The peer's host (the key of the per-address STALE budget).
@@ -134,6 +137,9 @@ class LockProtocol(LineOnlyReceiver):
         # and paused by us (held-back answers or queued acquires).
         self._writePaused = False
         self._readPaused = False
+        # The same, for the hand-over and the hang-up sweep: a connection
+        # not read must have its socket checked (see server/hangups.py).
+        self.notRead = False
         self._heldBytes = 0
         self._queued = 0
         self._lost = False
@@ -152,6 +158,10 @@ class LockProtocol(LineOnlyReceiver):
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         self._producing = True
         self._admission = self.factory.admission.admit(len(service.connections))
+        delay = self.factory.admission.readDelay(self, service.clock.seconds())
+        if delay > 0:
+            self._slowed = service.clock.callLater(delay, self._endSlowStart)
+            self._updateReading()
         if self._admission == _ADMITTED:
             service.connections.add(self)
             service.stats.connections += 1
@@ -159,6 +169,10 @@ class LockProtocol(LineOnlyReceiver):
             self._probation = service.clock.callLater(PEER_GRACE, self._refuse)
         else:
             self._refuse()
+
+    def _endSlowStart(self) -> None:
+        self._slowed = None
+        self._updateReading()
 
     def _refuse(self) -> None:
         """
@@ -223,10 +237,11 @@ class LockProtocol(LineOnlyReceiver):
         Read while the transport's buffer has room and neither held-back
         answers nor queued acquires pass their bound.
         """
-        paused = self._writePaused or self._overloaded()
+        paused = self._writePaused or self._overloaded() or self._slowed is not None
         if paused == self._readPaused or self.gone:
             return
-        self._readPaused = paused
+        self._readPaused = self.notRead = paused
+        self.factory.hangUps.watch(self, paused)
         if paused:
             self.transport.pauseProducing()  # type: ignore[union-attr]
         else:
@@ -234,6 +249,31 @@ class LockProtocol(LineOnlyReceiver):
 
     def stopProducing(self) -> None:
         pass  # the connection is going away; connectionLost cleans up
+
+    def hungUp(self) -> bool:
+        """
+        For a connection not read: when its socket says the peer went away
+        (L{lockservice.internals.peerHungUp}), treat it as lost, as the
+        reactor would once it read: its waiters are passed by and
+        withdrawn.  A reset closes it (nobody reads what we would write);
+        an end of input (nothing left unread before it) is handled as the
+        reactor's C{readConnectionLost}.
+
+        @return: True when the peer went away.
+        """
+        what = self.factory.hangUps.check(self.transport)
+        if what is None or (what == END_OF_INPUT and self._putOff):
+            return False  # input put off to the next iteration comes first
+        if what == END_OF_INPUT:
+            self.readConnectionLost()
+        else:
+            # Lost: nobody reads what we would write, and input put off is
+            # dropped, as at any reset of a connection not read.
+            self._lost = True
+            self._putOff = b""
+            self._leave(writeDecided=False)
+            self.transport.abortConnection()  # type: ignore[union-attr]
+        return True
 
     # -- writing ---------------------------------------------------------
 
@@ -251,7 +291,9 @@ class LockProtocol(LineOnlyReceiver):
             self._batch = [data]
             turn.append(self)
         elif self.service.mayAnswerNow():
-            self._send(data)
+            # Straight to the socket when nothing is buffered (see
+            # internals.sendNow); the answer turn let replication go first.
+            sendNow(self._socket, self.transport, data)
         else:
             self._batch = [data]
             self.service.hold(self)
@@ -259,13 +301,7 @@ class LockProtocol(LineOnlyReceiver):
     def flushAnswers(self) -> None:
         batch, self._batch = self._batch, None
         if batch:
-            self._send(b"".join(batch))
-
-    def _send(self, data: bytes) -> None:
-        # When nothing is buffered we send at once and hand only what the
-        # kernel did not take to the transport (see internals.sendNow).
-        # The answer turn let replication go first.
-        sendNow(self._socket, self.transport, data)
+            sendNow(self._socket, self.transport, b"".join(batch))
 
     # -- reading ---------------------------------------------------------
 
@@ -279,13 +315,13 @@ class LockProtocol(LineOnlyReceiver):
             self._putOff += data
             self._updateReading()
             return
-        service = self.service
-        outer = service.openTurn()
+        answers = self.service.answers
+        outer = answers.open()
         try:
             self._readLines(data)
         finally:
             if outer:
-                service.closeTurnSoon()
+                answers.closeSoon()
 
     def _readLines(self, data: bytes) -> None:
         if self._buffer:
@@ -351,12 +387,8 @@ class LockProtocol(LineOnlyReceiver):
         if isinstance(request, wire.Acquire):
             self._acquire(request)
         elif isinstance(request, wire.Release):
-            if self._guessing(b"R", request.key):
-                return
             service.release(request.key, request.token, self._tokenAnswer)
         elif isinstance(request, wire.Renew):
-            if self._guessing(b"N", request.key):
-                return
             service.renew(request.key, request.token, request.lease, self._tokenAnswer)
         elif isinstance(request, wire.Ping):
             self.write(wire.pong(request.word))
@@ -378,26 +410,14 @@ class LockProtocol(LineOnlyReceiver):
         if window is None:
             window = self._staleWindow = StaleWindow()
         admission = self.factory.admission
-        flood = admission.stale(window, self.host, now)
-        if flood is not None:
+        if admission.stale(window, self.host, now):
             self.service.stats.staleFloods += 1
-            admission.staleFlood(self, now, address=flood == ADDRESS_FLOOD)
+            admission.staleFlood(self, now)
             self._close()
-
-    def _guessing(self, op: bytes, key: bytes) -> bool:
-        """
-        Refuse an R or N from an address serving a STALE-flood penalty: the
-        connection is told so and closed; the request is not executed.
-        """
-        if not self.factory.admission.penalized(self.host, self.service.clock.seconds()):
-            return False
-        self.service.stats.staleFloods += 1
-        self.write(wire.BadRequest(op, key, "too many STALE answers from this address").answer())
-        self._close()
-        return True
 
     def _acquire(self, request: wire.Acquire) -> None:
         waiter = PendingAcquire(request.key, request.lease, self)
+        waiter.share = request.share
         answer = self.service.acquire(waiter, request.wait)
         earlier = self._pending.get(request.key)
         if answer is not None and not earlier:
@@ -479,10 +499,14 @@ class LockProtocol(LineOnlyReceiver):
         self._producing = False
         self._lost = True
         self._leaveProbation()
+        if self._slowed is not None and self._slowed.active():
+            self._slowed.cancel()
+        self._slowed = None
         if self.peer is not None:
             self.peer.connectionLost(reason)
             self.peer = None
         self.service.connections.discard(self)
+        self.factory.hangUps.forget(self)
         self._leave(writeDecided=False)
 
 
@@ -554,6 +578,7 @@ class LockFactory(Factory):
         self.service = service
         self.peerAcceptor = peerAcceptor
         self.readBudget = ReadBudget(service.clock)
+        self.hangUps = HangUpSweep(service.clock)
         self.admission = Admission(maxConnections, acceptsPeers=peerAcceptor is not None)
 
     @property

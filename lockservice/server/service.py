@@ -30,6 +30,7 @@ from lockservice.core.table import (
     Grant,
     HandOverFailed,
     LockTable,
+    ShareMismatch,
     TokenExhausted,
     TokenIssuer,
     Waiter,
@@ -120,6 +121,9 @@ class LockService(Mirroring, Service):
         # One alarm for the earliest wait or lease deadline.
         self.alarm = Alarm(clock, self._deadlinesDue, self._nextDeadline)
         self.chores = Chores(clock, self._inTurn, self._internalError)
+        # Whether the grant of the table's pending runs (readers after a
+        # writer, free semaphore slots) is under way as a chore.
+        self._lettingIn = False
 
     # -- the answer turn (see turn.py) -------------------------------------
 
@@ -234,7 +238,7 @@ class LockService(Mirroring, Service):
         now = self.clock.seconds()
         try:
             grant = table.acquire(waiter, now)
-        except TokenExhausted as e:
+        except (TokenExhausted, ShareMismatch) as e:
             self.stats.errors += 1
             return wire.BadRequest(b"A", waiter.key, str(e)).answer()
         if grant is not None:
@@ -259,7 +263,9 @@ class LockService(Mirroring, Service):
             reply(wire.redirect(b"R", key, self.activeAddress))
             return
         holding = self.table.holding(key)
-        if holding is None or holding[0] != token:
+        if holding is not None and holding[0] != token:
+            holding = self.table.holdingOf(key, token)  # another grant of a shared key?
+        if holding is None:
             self.stats.releasesStale += 1
             reply(wire.released(key, False))
             return
@@ -276,14 +282,19 @@ class LockService(Mirroring, Service):
             return
         now = self.clock.seconds()
         table = self.table
-        if table.renew(key, token, lease, now) is None:
+        holder = table.renew(key, token, lease, now)
+        if holder is None:
             self.stats.renewalsStale += 1
             reply(wire.renewed(key, False))
             return
         self.stats.renewalsOk += 1
-        _, grantedAt, expiresAt = cast(Tuple[int, float, float], table.grantOf(key))
+        held, grantedAt, expiresAt = cast(Tuple[int, float, float], table.grantOf(key))
+        owner: Callable[[], Optional[str]] = lambda: table.ownerOf(key)  # noqa: E731
+        if held != token:  # one of a shared key's grants
+            grantedAt, expiresAt = holder.grantedAt, holder.expiresAt
+            owner = lambda: holder.owner  # noqa: E731
         self._fileLease(key, token, expiresAt)
-        self.notify.renewed(now, key, token, grantedAt, expiresAt, lambda: table.ownerOf(key))
+        self.notify.renewed(now, key, token, grantedAt, expiresAt, owner)
         reply(wire.renewed(key, True))
 
     def withdraw(self, waiter: PendingAcquire) -> None:
@@ -293,12 +304,45 @@ class LockService(Mirroring, Service):
         if unqueue(self.table, waiter):
             self._forgetWait(waiter)
             self._waitEnded(waiter, WITHDRAWAL)
+            if self.table.pending:
+                self._letIn()  # the waiters behind it may fit now
+
+    def _letIn(self) -> None:
+        """
+        Grant the waiters that fit beside their keys' holders now (the run
+        of readers after a writer's release, semaphore slots freed, the
+        readers behind a withdrawn writer), in FIFO order per key, at most
+        a chore's budget per reactor turn: 100,000 readers let in at once
+        do not stall the others.  New acquires of those keys queue behind
+        them meanwhile.
+        """
+        if not self._lettingIn:
+            self._lettingIn = True
+            self.runInChunks(self._grantPending())
+
+    def _grantPending(self) -> Iterator[None]:
+        table = self.table
+        try:
+            while self.role == ACTIVE:
+                key = table.nextPending()
+                if key is None:
+                    return
+                passGone(table, key, self.withdraw)
+                now = self.clock.seconds()
+                orphans: List[Waiter] = []
+                try:
+                    grant = table.grantHead(key, now)
+                except HandOverFailed as e:
+                    grant, orphans = None, e.waiters
+                self._afterHandOver(grant, orphans, now)
+                yield None
+        finally:
+            self._lettingIn = False
 
     # -- deadlines (see deadlines.py) --------------------------------------
 
     def _leaseExpiresAt(self, key: bytes, token: int) -> Optional[float]:
-        grant = self.table.grantOf(key)
-        return grant[2] if grant is not None and grant[0] == token else None
+        return self.table.leaseOf(key, token)
 
     def _nextDeadline(self) -> Optional[float]:
         due = self.waits.nextDue()
@@ -319,6 +363,8 @@ class LockService(Mirroring, Service):
                         self.stats.timeouts += 1
                         self._waitEnded(waiter, TIMEOUT)
                         waiter.conn.finish(waiter, wire.timedOut(waiter.key))
+                        if self.table.pending:
+                            self._letIn()
                 except Exception:
                     self._internalError("wait timeout")
             if self.role == ACTIVE:  # not frozen or gone standby since armed
@@ -343,12 +389,13 @@ class LockService(Mirroring, Service):
         self.leases.file(key, token, expiresAt)
         if expiresAt < self.alarm.at:
             self.alarm.arm(expiresAt)
-        elif not self.alarm.firing and self.leases.crowded(len(self.table)):
+        elif not self.alarm.firing and self.leases.entries > 2 * (len(self.table) + self.table.sharedGrants) + 4096:
+            # (LeaseDeadlines.crowded over table.grantCount(), inline: this runs at every grant.)
             self._fileAllLeases()
 
     def _fileAllLeases(self) -> None:
         self.leases.clear()
-        for key, token, _, expiresAt in self.table.grants():
+        for key, token, _, expiresAt, _ in self.table.everyGrant():
             self.leases.file(key, token, expiresAt)
         self.alarm.rearm()
 
@@ -364,7 +411,9 @@ class LockService(Mirroring, Service):
 
     def _expire(self, key: bytes, token: int, now: float) -> None:
         holding = self.table.holding(key)
-        if holding is None or holding[0] != token or holding[2] > now:
+        if holding is not None and holding[0] != token:
+            holding = self.table.holdingOf(key, token)  # another grant of a shared key?
+        if holding is None or holding[2] > now:
             return  # released, renewed, handed over or re-installed since
         self._takeBack(key, holding, now, expired=True)
 
@@ -398,6 +447,8 @@ class LockService(Mirroring, Service):
         if reply is not None:
             reply(wire.released(key, True))
         self._afterHandOver(grant, orphans, now)
+        if table.pending:
+            self._letIn()
 
     def _granted(self, grant: Grant, now: float, waited: float, conn: AnswerSink) -> None:
         self.stats.grants += 1

@@ -29,13 +29,13 @@ HOLD_RETRY = 0.001
 class Gate(Protocol):
     """
     What answers wait for: replication of the changes they report.
+
+    @ivar hooks: what hands the changes on; answers wait for the gate only
+        while there is any (none on a single node: they go out at once).
+        An attribute, not a method: it is looked at twice per request.
     """
 
-    def needed(self) -> bool:
-        """
-        Whether answers wait for anything at all (False on a single node:
-        they go out at once).
-        """
+    hooks: List[Callable[[], Optional[bool]]]
 
     def publish(self) -> int:
         """
@@ -63,9 +63,6 @@ class HookGate:
         self.hooks: List[Callable[[], Optional[bool]]] = []
         self._published = 0
         self._reached = 0
-
-    def needed(self) -> bool:
-        return bool(self.hooks)
 
     def _run(self) -> bool:
         ready = True
@@ -97,7 +94,7 @@ class AnswerTurn:
         this process has not just been frozen).
     """
 
-    def __init__(self, clock: Any, gate: HookGate, failed: Callable[[str], None]) -> None:
+    def __init__(self, clock: Any, gate: Gate, failed: Callable[[str], None]) -> None:
         self.clock = clock
         self.gate = gate
         self._failed = failed
@@ -134,7 +131,7 @@ class AnswerTurn:
         one write per standby carries the changes of all those connections,
         instead of one per connection.  A single node answers at once.
         """
-        if not self.gate.needed():
+        if not self.gate.hooks:
             self.close()
         elif self._endOfTurn is None:
             self._endOfTurn = self.clock.callLater(0, self.close)
@@ -150,7 +147,7 @@ class AnswerTurn:
             self._endOfTurn = None
         turn, self.current = self.current, None
         gate = self.gate
-        if gate.needed():
+        if gate.hooks:
             # Also for a turn that made changes but answers nobody (an
             # expiry with no waiter): they must not wait for a later answer.
             position = self._position = gate.publish()
@@ -169,7 +166,7 @@ class AnswerTurn:
         if self._held:
             return False
         gate = self.gate
-        if not gate.needed():
+        if not gate.hooks:
             return True
         self._position = gate.publish()
         return gate.reached() >= self._position
@@ -182,6 +179,17 @@ class AnswerTurn:
         self._held.append((self._position, conn))
         self._retrySoon()
 
+    def reachedMoved(self) -> None:
+        """
+        The gate's reached position moved on (a standby acknowledged):
+        send what may go now rather than at the next retry.
+        """
+        if self._held and self._held[0][0] <= self.gate.reached():
+            if self._retry is not None and self._retry.active():
+                self._retry.cancel()
+            self._retry = None
+            self._release()
+
     def _retrySoon(self) -> None:
         if self._retry is None:
             self._retry = self.clock.callLater(HOLD_RETRY, self._release)
@@ -190,7 +198,7 @@ class AnswerTurn:
         self._retry = None
         held = self._held
         gate = self.gate
-        if gate.needed():
+        if gate.hooks:
             # Changes made since (outside a turn) go out before these answers.
             self._position = gate.publish()
             upTo = gate.reached()

@@ -25,6 +25,9 @@ class AnswerSink(Protocol):
     # True once the client is gone: its waiters are withdrawn lazily, and
     # a hand-over passes them by meanwhile.
     gone: bool
+    # True while the connection is not read (backpressure): the reactor
+    # would not see its peer go, so a hand-over asks hungUp() first.
+    notRead: bool
 
     def finish(self, waiter: "PendingAcquire", answer: bytes) -> None:
         """
@@ -34,6 +37,12 @@ class AnswerSink(Protocol):
     def flushAnswers(self) -> None:
         """
         Send the answers gathered during the service's current turn.
+        """
+
+    def hungUp(self) -> bool:
+        """
+        For a connection not read: check its socket; when the peer went
+        away, make the connection C{gone} and return True.
         """
 
 
@@ -130,14 +139,22 @@ def passGone(table: LockTable, key: bytes, withdraw: Callable[[PendingAcquire], 
     """
     Before a hand-over of C{key}: cut the runs of gone connections' waiters
     out of the head of its queue (O(1) each), so that the key goes to the
-    first live waiter and never to a dead one.
+    first live waiter and never to a dead one.  A connection that is not
+    read (paused) may be gone without knowing it: its socket is asked
+    (one system call, for paused connections only; see server/hangups.py).
     """
     queueOf = table.queueOf
     queue = queueOf(key)
     while queue is not None:
         head = queue.head
-        if not isinstance(head, PendingAcquire) or not head.conn.gone:
+        if not isinstance(head, PendingAcquire):
             return
+        conn = head.conn
+        if not conn.gone:
+            if not conn.notRead or not conn.hungUp():
+                return
+            queue = queueOf(key)  # its withdrawal may have begun: look again
+            continue
         run = head.run
         if run is None or run.last is None:
             withdraw(head)  # not in a run (never expected): one by one

@@ -10,18 +10,36 @@ namespace to cut or reset its links.
       ...
 
 Traffic stays on addresses inside namespaces this lab made (and the
-bridge's own address); everything is removed on L{Lab.close}.  Needs root,
+bridge's own address); everything is removed on L{Lab.close}, and by
+L{Lab.open} itself when it fails halfway.  N is unique per live lab on the
+host (a lock file under /run/lockservice-netns), so concurrent runs do not
+collide; a failed C{ip}/C{iptables} command raises L{NetnsError} with the
+tool's stderr.  Needs root,
 C{ip} and C{iptables}; L{unavailable} says why not when they are missing.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import random
 import shutil
 import subprocess
-from typing import List, Optional, Sequence
+import tempfile
+from typing import IO, List, Optional, Sequence, Tuple
 
 from lockservice.testing.harness import Cluster, Node, freePort
+
+#: Lab ids: the third octet of the lab's subnet 10.213.ID.0/24.
+LAB_IDS = range(1, 255)
+
+
+class NetnsError(RuntimeError):
+    """
+    An C{ip} or C{iptables} command of the lab failed; the message has the
+    command, its exit status and its stderr.
+    """
 
 
 def unavailable() -> Optional[str]:
@@ -33,69 +51,152 @@ def unavailable() -> Optional[str]:
     for tool in ("ip", "iptables"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (iproute2/iptables)"
-    name = f"lsprobe{os.getpid()}"
+    name = f"lsprobe{os.getpid()}-{random.randrange(16**6):06x}"
     try:
         _run(["ip", "netns", "add", name])
         try:
             _run(["ip", "netns", "exec", name, "iptables", "-L", "-n"])
         finally:
             _run(["ip", "netns", "del", name], check=False)
-    except (OSError, subprocess.CalledProcessError) as e:
+    except (OSError, NetnsError) as e:
         return f"cannot use a network namespace with iptables: {e}"
     return None
 
 
-def _run(cmd: Sequence[str], check: bool = True) -> None:
-    subprocess.run(list(cmd), check=check, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.PIPE, timeout=30)
+def _run(cmd: Sequence[str], check: bool = True) -> bool:
+    """
+    Run C{cmd}; True if it succeeded.  With C{check}, a failure raises
+    L{NetnsError} with the tool's own stderr (what went wrong is there).
+    """
+    done = subprocess.run(list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          timeout=30)
+    if done.returncode != 0 and check:
+        why = done.stderr.decode("utf-8", "replace").strip() or "(nothing on stderr)"
+        raise NetnsError(f"`{' '.join(cmd)}` failed (exit {done.returncode}): {why}")
+    return done.returncode == 0
+
+
+def _lockDirectory() -> str:
+    path = "/run/lockservice-netns" if os.path.isdir("/run") else os.path.join(
+        tempfile.gettempdir(), "lockservice-netns")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _reserve(wanted: Optional[int]) -> Tuple[int, IO[bytes]]:
+    """
+    A lab id no other live lab on this host holds, and the open lock file
+    that holds it (an C{flock}: the kernel drops it when its process dies,
+    so a crashed run's id is free again, and its leftovers are swept).
+    """
+    directory = _lockDirectory()
+    if wanted is not None:
+        candidates = [wanted]
+    else:
+        candidates = list(LAB_IDS)
+        random.shuffle(candidates)
+    for lab in candidates:
+        f = open(os.path.join(directory, f"lab-{lab}.lock"), "wb")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            f.close()
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                continue
+            raise
+        return lab, f
+    raise NetnsError(f"lab id {wanted} is in use by another run" if wanted is not None
+                     else f"all {len(LAB_IDS)} lab ids are in use by other runs")
 
 
 class Lab:
     """
     A bridge and C{size} namespaces, one per node.
+
+    Each lab holds an id of its own on this host (see L{_reserve}), so
+    concurrent runs never share names or a subnet.  If L{open} fails
+    halfway, it removes what it made before it raises.
     """
 
     def __init__(self, size: int, lab: Optional[int] = None) -> None:
-        self.id = lab if lab is not None else 100 + os.getpid() % 150
+        if not 1 <= size <= 250:
+            raise ValueError(f"a lab has 1-250 nodes, not {size}")
         self.size = size
+        self._wanted = lab
+        self._lock: Optional[IO[bytes]] = None
+        self._setId(*_reserve(lab))
+
+    def _setId(self, lab: int, lock: IO[bytes]) -> None:
+        self.id = lab
+        self._lock = lock
         self.bridge = f"lsbr{self.id}"
         self.subnet = f"10.213.{self.id}"
         self.hub = f"{self.subnet}.1"
-        self.namespaces = [f"ls{self.id}-{i}" for i in range(size)]
-        self._made: List[str] = []
+        self.namespaces = [f"ls{self.id}-{i}" for i in range(self.size)]
+        self.veths = [f"lsv{self.id}x{i}" for i in range(self.size)]
 
     def address(self, i: int) -> str:
         return f"{self.subnet}.{i + 2}"
 
+    def _forwardRule(self, action: str) -> List[str]:
+        return ["iptables", action, "FORWARD", "-i", self.bridge, "-o", self.bridge,
+                "-j", "ACCEPT"]
+
     def open(self) -> "Lab":
-        self.close()
-        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-        self._made.append("bridge")
-        _run(["ip", "addr", "add", f"{self.hub}/24", "dev", self.bridge])
-        _run(["ip", "link", "set", self.bridge, "up"])
-        # Where bridged frames pass the host's iptables (br_netfilter), a
-        # FORWARD policy of DROP would cut the nodes off from each other.
-        _run(["iptables", "-I", "FORWARD", "-i", self.bridge, "-o", self.bridge,
-              "-j", "ACCEPT"], check=False)
-        for i, ns in enumerate(self.namespaces):
-            outer, inner = f"lsv{self.id}x{i}", f"lsv{self.id}y{i}"
-            _run(["ip", "netns", "add", ns])
-            _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
-            _run(["ip", "link", "set", inner, "netns", ns])
-            _run(["ip", "link", "set", outer, "master", self.bridge])
-            _run(["ip", "link", "set", outer, "up"])
-            _run(["ip", "netns", "exec", ns, "ip", "addr", "add",
-                  f"{self.address(i)}/24", "dev", inner])
-            _run(["ip", "netns", "exec", ns, "ip", "link", "set", inner, "up"])
-            _run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"])
+        if self._lock is None:  # closed before: take an id again
+            self._setId(*_reserve(self._wanted))
+        self._sweep()  # what a crashed run with this id left behind
+        try:
+            _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+            _run(["ip", "addr", "add", f"{self.hub}/24", "dev", self.bridge])
+            _run(["ip", "link", "set", self.bridge, "up"])
+            # Where bridged frames pass the host's iptables (br_netfilter), a
+            # FORWARD policy of DROP would cut the nodes off from each other.
+            _run(self._forwardRule("-I"))
+            for i, ns in enumerate(self.namespaces):
+                outer, inner = self.veths[i], f"lsv{self.id}y{i}"
+                _run(["ip", "netns", "add", ns])
+                _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
+                _run(["ip", "link", "set", inner, "netns", ns])
+                _run(["ip", "link", "set", outer, "master", self.bridge])
+                _run(["ip", "link", "set", outer, "up"])
+                _run(["ip", "netns", "exec", ns, "ip", "addr", "add",
+                      f"{self.address(i)}/24", "dev", inner])
+                _run(["ip", "netns", "exec", ns, "ip", "link", "set", inner, "up"])
+                _run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"])
+        except BaseException:
+            self.close()
+            raise
         return self
 
-    def close(self) -> None:
+    def _sweep(self) -> None:
+        """
+        Remove everything named after this lab's id; each step may find
+        nothing to remove.  (A veth still in the root namespace is not
+        removed with a namespace, hence the explicit deletes.)
+        """
         for ns in self.namespaces:
             _run(["ip", "netns", "del", ns], check=False)
+        for veth in self.veths:
+            _run(["ip", "link", "del", veth], check=False)
         _run(["ip", "link", "del", self.bridge], check=False)
-        _run(["iptables", "-D", "FORWARD", "-i", self.bridge, "-o", self.bridge,
-              "-j", "ACCEPT"], check=False)
+        # One rule per open, but a crashed run may have left one too.
+        for _ in range(10):
+            if not _run(self._forwardRule("-D"), check=False):
+                break
+
+    def close(self) -> None:
+        """
+        Remove the namespaces, veths, bridge and iptables rule, and give
+        the lab's id back.
+        """
+        if self._lock is None:
+            return
+        try:
+            self._sweep()
+        finally:
+            self._lock.close()
+            self._lock = None
 
     def __enter__(self) -> "Lab":
         return self.open()

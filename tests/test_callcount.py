@@ -1,0 +1,96 @@
+"""
+A regression guard for the request path that cannot flake: it counts the
+Python function calls made in lockservice's own modules per acquire+release
+pair through the real protocol and service (StringTransport, task.Clock),
+with the operator's view (the monitor) attached, and fails above a budget.
+
+Only frames whose code lives under lockservice/ count, so the Twisted
+version (tox's oldest and newest) does not change the figure.  Measured
+when the budget was set: 76 calls a pair (60 with the monitor detached);
+08f723a, before the monitor noted changes lazily, made 85 (61).  Raise the
+budget only with a measured reason (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import FrameType
+from typing import Any, Tuple
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+import lockservice
+from lockservice.server.monitor import Monitor
+from lockservice.server.protocol import LockFactory
+from lockservice.server.service import LockService
+
+CALLS_PER_PAIR = 80
+# What the monitor may add to a pair (08f723a: 24).
+MONITOR_CALLS = 17
+# Enough pairs that the monitor's lazy folds (every FOLD_AT noted changes)
+# are counted too.
+PAIRS = 2048
+
+ROOT = os.path.dirname(lockservice.__file__) + os.sep
+
+
+def _node(monitor: bool) -> Tuple[Clock, Any, StringTransport]:
+    clock = Clock()
+    clock.advance(1000)
+    counter = iter(range(1, 10**12))
+    service = LockService(clock, lambda: next(counter) * 1000)
+    if monitor:
+        service.activity.append(Monitor(clock, service.table.clientOf, wallTime=lambda: 0.0))
+    address = IPv4Address("TCP", "127.0.0.1", 5000)
+    protocol = LockFactory(service).buildProtocol(address)
+    transport = StringTransport(peerAddress=address)
+    protocol.makeConnection(transport)
+    return clock, protocol, transport
+
+
+def _pair(clock: Clock, protocol: Any, transport: StringTransport, i: int) -> None:
+    key = b"k%d" % (i % 8)
+    protocol.dataReceived(b"A %s 30 0\n" % key)
+    answer = transport.value()
+    transport.clear()
+    assert answer.startswith(b"A " + key + b" "), answer
+    protocol.dataReceived(b"R %s %s\n" % (key, answer.split()[2]))
+    assert transport.value() == b"R " + key + b" OK\n"
+    transport.clear()
+    clock.advance(0)
+
+
+def callsPerPair(monitor: bool = True, pairs: int = PAIRS) -> float:
+    clock, protocol, transport = _node(monitor)
+    for i in range(20):
+        _pair(clock, protocol, transport, i)  # first-time paths out of the count
+    calls = 0
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        nonlocal calls
+        if event == "call" and frame.f_code.co_filename.startswith(ROOT):
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        for i in range(pairs):
+            _pair(clock, protocol, transport, i)
+    finally:
+        sys.setprofile(None)
+    return calls / pairs
+
+
+def test_an_acquire_release_pair_stays_within_its_call_budget() -> None:
+    measured = callsPerPair(monitor=True)
+    print(f"{measured:.2f} lockservice calls per acquire+release pair, monitor attached")
+    assert measured <= CALLS_PER_PAIR, (
+        f"{measured:.1f} calls per pair > budget {CALLS_PER_PAIR}: something new on the "
+        "request path (measure it, see docs/performance.md)")
+
+
+def test_the_monitor_costs_few_calls_per_pair() -> None:
+    added = callsPerPair(monitor=True) - callsPerPair(monitor=False)
+    assert added <= MONITOR_CALLS, f"the monitor adds {added:.1f} calls per pair"

@@ -1,0 +1,87 @@
+"""
+The tooz driver passes tooz's own test suite (shipped inside the tooz
+wheel) against a real node: run as a subprocess, as tooz's CI would.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+from lockservice.testing.harness import LineClient, freePort, twistdEnvironment
+
+# tooz's lock tests that need shared (read) locks on the node (issue 22).
+SHARED_TESTS = {
+    "test_get_shared_lock",
+    "test_get_shared_lock_locking_same_lock_twice",
+    "test_get_shared_lock_locking_two_lock",
+    "test_get_lock_locking_shared_and_exclusive",
+    "test_get_lock_locking_exclusive_and_shared",
+}
+
+
+def entryPointPath(tmp_path: Path) -> str:
+    """
+    A directory that makes `lockservice` visible under tooz.backends, for a
+    run from a checkout whose installed metadata predates the entry point
+    (tox installs the package, so there it is visible already; listing it
+    twice would make stevedore refuse both).
+    """
+    if any(e.name == "lockservice" for e in importlib.metadata.entry_points(group="tooz.backends")):
+        return ""
+    info = tmp_path / "ep" / "lockservice_tooz_ep-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lockservice-tooz-ep\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[tooz.backends]\nlockservice = lockservice.client.tooz_driver:LockserviceDriver\n")
+    return str(tmp_path / "ep")
+
+
+def nodeSharesKeys(port: int) -> bool:
+    with LineClient(port) as c:
+        answer = c.ask(b"A __tooz_probe__ 1 0.000001 r")
+        if answer.startswith(b"A "):
+            c.ask(b"R __tooz_probe__ " + answer.split(b" ")[2])
+        return not answer.startswith(b"E ")
+
+
+def test_tooz_suite_passes_every_lock_test(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    secret = tmp_path / "admin-secret"
+    secret.write_text("tooz-suite-admin-secret-0123456789\n")
+    http = freePort()
+    node = spawn(args=["--http", f"tcp:{http}:interface=127.0.0.1",
+                       "--admin-secret", str(secret)])
+    env: Dict[str, str] = twistdEnvironment()
+    extra = entryPointPath(tmp_path)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [root, extra, env.get("PYTHONPATH", "")] if p)
+    # break_() is the fenced force-release: the node's admin endpoint and secret.
+    env["TOOZ_TEST_URL"] = (f"lockservice://{node.address}?admin=http://127.0.0.1:{http}"
+                            f"&admin_secret_file={secret}")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", "-q",
+         "--pyargs", "tooz.tests.test_coordination"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path))
+    report = out.stdout + out.stderr
+    counts = {kind: int(n)
+              for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", report)}
+    failed = set(re.findall(r"^FAILED \S*::(test_\w+)", report, re.M))
+    skipped = re.findall(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", report, re.M)
+    # Only groups and leaders are skipped (tooz's NotImplemented rule), and
+    # the one test about timeouts of group members.
+    assert all("not implemented" in why.lower() or "groups" in why or "leaders" in why
+               or "not based on timeout" in why or "not offered" in why
+               for why in skipped), skipped
+    if nodeSharesKeys(node.port):
+        assert failed == set() and out.returncode == 0, report
+        assert counts.get("passed") == 35, report
+    else:
+        # Until the node has shared keys, only its shared-lock tests fail.
+        assert failed == SHARED_TESTS, report
+        assert counts.get("passed") == 30, report
+    assert counts.get("skipped") == 48, report
