@@ -803,7 +803,7 @@ def httpStall(concurrency: List[int], runs: int = 3, seconds: float = 4.0,
     port, httpPort = freePorts(2)
     node = Node(port, logDir=tempfile.mkdtemp(prefix="lockservice-bench-http-"),
                 args=["--http", f"tcp:{httpPort}:interface=127.0.0.1", "--max-keys", "50000"])
-    rows = []
+    rows: List[Dict[str, Any]] = []
     result: Dict[str, Any] = {"rows": rows}
     try:
         node.start()

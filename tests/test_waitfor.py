@@ -295,7 +295,7 @@ def test_cycle_found_through_the_lock_tables_holders() -> None:
 # -- client instances (issue 21 item 8) ----------------------------------------
 
 
-class Conn:
+class NamedConn:
     """
     A connection as the server has one: a name that C{I} may change.
     """
@@ -304,7 +304,7 @@ class Conn:
         self.name = name
 
     def __repr__(self) -> str:
-        return f"Conn({self.name!r})"
+        return f"NamedConn({self.name!r})"
 
 
 def _name(client: Any) -> str:
@@ -319,7 +319,7 @@ def test_two_instances_with_two_connections_each_deadlock() -> None:
     Each instance holds on one connection and waits on the other: the
     cycle runs through both of each, and is found and shown by name.
     """
-    us1, us2, eu1, eu2 = Conn(US), Conn(US), Conn(EU), Conn(EU)
+    us1, us2, eu1, eu2 = NamedConn(US), NamedConn(US), NamedConn(EU), NamedConn(EU)
     g = TableGraph()
     g.hold(b"k1", us1)
     g.hold(b"k2", eu1)
@@ -345,8 +345,8 @@ def test_a_fleet_sharing_a_plain_name_makes_no_false_cycle() -> None:
     names that only look like instance names.
     """
     for suffix in ["", "#0123456789AB", "#0123456789a", "0123456789ab", "#0123456789abc"]:
-        billing = [Conn("billing" + suffix) for _ in range(50)]
-        shipping = [Conn("shipping" + suffix) for _ in range(50)]
+        billing = [NamedConn("billing" + suffix) for _ in range(50)]
+        shipping = [NamedConn("shipping" + suffix) for _ in range(50)]
         g = TableGraph()
         for i in range(25):
             g.hold(b"a%d" % i, billing[i])
@@ -359,7 +359,7 @@ def test_a_fleet_sharing_a_plain_name_makes_no_false_cycle() -> None:
 
 
 def test_the_same_instance_waiting_for_itself_is_no_cycle() -> None:
-    a1, a2 = Conn(US), Conn(US)
+    a1, a2 = NamedConn(US), NamedConn(US)
     g = TableGraph()
     g.hold(b"k", a1)
     g.wait(b"k", a2)
@@ -367,7 +367,8 @@ def test_the_same_instance_waiting_for_itself_is_no_cycle() -> None:
 
 
 def test_an_unnamed_instance_joins_its_connections() -> None:
-    a1, a2, b1, b2 = Conn("#0123456789ab"), Conn("#0123456789ab"), Conn("b"), Conn("c")
+    a1, a2 = NamedConn("#0123456789ab"), NamedConn("#0123456789ab")
+    b1, b2 = NamedConn("b"), NamedConn("c")
     g = TableGraph()
     g.hold(b"k1", a1)
     g.hold(b"k2", b1)
@@ -383,7 +384,7 @@ def test_a_rename_while_waiting_keeps_the_waits_together() -> None:
     A connection renamed (C{I}) while it waits: its wait ends under the
     client it began under, and nothing is left behind.
     """
-    us1, eu1 = Conn(US), Conn(EU)
+    us1, eu1 = NamedConn(US), NamedConn(EU)
     g = TableGraph()
     g.hold(b"k1", eu1)
     g.wait(b"k1", us1)
@@ -395,11 +396,17 @@ def test_a_rename_while_waiting_keeps_the_waits_together() -> None:
 # -- shared keys: ALL and ANY waits (issue 22) ---------------------------------
 
 from lockservice.core.waitfor import (  # noqa: E402
-    ALL, ANY, READ, WRITE, Wait, deadlockedClients, keyWaits,
+    ALL,
+    ANY,
+    READ,
+    WRITE,
+    Wait,
+    deadlockedClients,
+    keyWaits,
 )
 
 
-def waitsOf(*keys: Tuple[bytes, list, list, int]) -> list:  # type: ignore[type-arg]
+def waitsOf(*keys: Any) -> list:  # type: ignore[type-arg]
     out = []
     for key, holders, queue, slots in keys:
         out += keyWaits(key, holders, queue, slots)
