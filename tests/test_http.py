@@ -680,8 +680,8 @@ def test_requests_above_the_cap_are_answered_503_at_once(node: ProtocolNode) -> 
 
 
 def test_a_lost_connection_frees_its_slot_and_stops_its_answer(node: ProtocolNode) -> None:
-    from twisted.python.failure import Failure
     from twisted.internet.error import ConnectionLost
+    from twisted.python.failure import Failure
     site = SiteNode(node)
     holder = node.connect()
     holder.send(b"".join(b"A k%d 600 0\n" % i for i in range(3000)))

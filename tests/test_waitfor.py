@@ -295,7 +295,7 @@ def test_cycle_found_through_the_lock_tables_holders() -> None:
 # -- client instances (issue 21 item 8) ----------------------------------------
 
 
-class Conn:
+class NamedConn:
     """
     A connection as the server has one: a name that C{I} may change.
     """
@@ -304,7 +304,7 @@ class Conn:
         self.name = name
 
     def __repr__(self) -> str:
-        return f"Conn({self.name!r})"
+        return f"NamedConn({self.name!r})"
 
 
 def _name(client: Any) -> str:
@@ -319,7 +319,7 @@ def test_two_instances_with_two_connections_each_deadlock() -> None:
     Each instance holds on one connection and waits on the other: the
     cycle runs through both of each, and is found and shown by name.
     """
-    us1, us2, eu1, eu2 = Conn(US), Conn(US), Conn(EU), Conn(EU)
+    us1, us2, eu1, eu2 = NamedConn(US), NamedConn(US), NamedConn(EU), NamedConn(EU)
     g = TableGraph()
     g.hold(b"k1", us1)
     g.hold(b"k2", eu1)
@@ -345,8 +345,8 @@ def test_a_fleet_sharing_a_plain_name_makes_no_false_cycle() -> None:
     names that only look like instance names.
     """
     for suffix in ["", "#0123456789AB", "#0123456789a", "0123456789ab", "#0123456789abc"]:
-        billing = [Conn("billing" + suffix) for _ in range(50)]
-        shipping = [Conn("shipping" + suffix) for _ in range(50)]
+        billing = [NamedConn("billing" + suffix) for _ in range(50)]
+        shipping = [NamedConn("shipping" + suffix) for _ in range(50)]
         g = TableGraph()
         for i in range(25):
             g.hold(b"a%d" % i, billing[i])
@@ -359,7 +359,7 @@ def test_a_fleet_sharing_a_plain_name_makes_no_false_cycle() -> None:
 
 
 def test_the_same_instance_waiting_for_itself_is_no_cycle() -> None:
-    a1, a2 = Conn(US), Conn(US)
+    a1, a2 = NamedConn(US), NamedConn(US)
     g = TableGraph()
     g.hold(b"k", a1)
     g.wait(b"k", a2)
@@ -367,7 +367,8 @@ def test_the_same_instance_waiting_for_itself_is_no_cycle() -> None:
 
 
 def test_an_unnamed_instance_joins_its_connections() -> None:
-    a1, a2, b1, b2 = Conn("#0123456789ab"), Conn("#0123456789ab"), Conn("b"), Conn("c")
+    a1, a2 = NamedConn("#0123456789ab"), NamedConn("#0123456789ab")
+    b1, b2 = NamedConn("b"), NamedConn("c")
     g = TableGraph()
     g.hold(b"k1", a1)
     g.hold(b"k2", b1)
@@ -383,10 +384,93 @@ def test_a_rename_while_waiting_keeps_the_waits_together() -> None:
     A connection renamed (C{I}) while it waits: its wait ends under the
     client it began under, and nothing is left behind.
     """
-    us1, eu1 = Conn(US), Conn(EU)
+    us1, eu1 = NamedConn(US), NamedConn(EU)
     g = TableGraph()
     g.hold(b"k1", eu1)
     g.wait(b"k1", us1)
     us1.name = "other"
     g.unwait(b"k1", us1)
     assert g._waits == {} and g._pinned == {}
+
+
+# -- shared keys: ALL and ANY waits (issue 22) ---------------------------------
+
+from lockservice.core.waitfor import (  # noqa: E402
+    ALL,
+    ANY,
+    READ,
+    WRITE,
+    Wait,
+    deadlockedClients,
+    keyWaits,
+)
+
+
+def waitsOf(*keys: Any) -> list:  # type: ignore[type-arg]
+    out = []
+    for key, holders, queue, slots in keys:
+        out += keyWaits(key, holders, queue, slots)
+    return out
+
+
+def test_exclusive_cycle_is_a_deadlock() -> None:
+    w = waitsOf((b"k1", [("a", WRITE)], [("b", WRITE)], 1),
+                (b"k2", [("b", WRITE)], [("a", WRITE)], 1))
+    assert deadlockedClients(w) == {"a", "b"}
+
+
+def test_a_writer_waits_for_every_reader() -> None:
+    """
+    Readers r1 and r2 hold k; writer w holds m and waits for k; r2 waits
+    for m: w and r2 are deadlocked (w needs both readers gone); r1 is not.
+    Without r2's wait, none is.
+    """
+    k = (b"k", [("r1", READ), ("r2", READ)], [("w", WRITE)], 1)
+    assert deadlockedClients(waitsOf(k, (b"m", [("w", WRITE)], [], 1))) == set()
+    assert deadlockedClients(waitsOf(k, (b"m", [("w", WRITE)], [("r2", READ)], 1))) == {"w", "r2"}
+
+
+def test_a_reader_waits_for_the_writer_ahead_not_the_readers() -> None:
+    """
+    a (a reader) holds k; queued: writer b, then reader c.  c waits for b
+    only (writers never starve); b for a.  a waiting for x, which c holds,
+    closes a cycle a -> c -> b -> a; a waiting for y, held by another
+    reader queued behind nobody, closes none.
+    """
+    [(_, bWait), (_, cWait)] = keyWaits(b"k", [("a", READ)], [("b", WRITE), ("c", READ)])
+    assert (bWait.how, bWait.blockers) == (ALL, frozenset({"a"}))
+    assert (cWait.how, cWait.blockers) == (ALL, frozenset({"b"}))
+    k = (b"k", [("a", READ)], [("b", WRITE), ("c", READ)], 1)
+    assert deadlockedClients(waitsOf(k, (b"x", [("c", WRITE)], [("a", WRITE)], 1))) == \
+        {"a", "b", "c"}
+    # d is a reader holding y with a: a reader behind no writer is granted,
+    # so d waits for nothing: no deadlock.
+    assert deadlockedClients(waitsOf(k, (b"y", [("d", READ)], [("a", WRITE)], 1))) == set()
+
+
+def test_a_semaphore_waiter_is_deadlocked_only_when_every_holder_is() -> None:
+    """
+    h1 and h2 hold the 2 slots of s; q waits for a slot and holds t.  h1
+    waiting for t is no deadlock (h2 frees a slot, q gets it, then t);
+    h2 waiting for t too is one.
+    """
+    s = (b"s", [("h1", WRITE), ("h2", WRITE)], [("q", WRITE)], 2)
+    [(_, qWait)] = keyWaits(*s)
+    assert qWait.how == ANY and qWait.blockers == frozenset({"h1", "h2"})
+    assert deadlockedClients(waitsOf(s, (b"t", [("q", WRITE)], [("h1", WRITE)], 1))) == set()
+    assert deadlockedClients(waitsOf(
+        s, (b"t", [("q", WRITE)], [("h1", WRITE), ("h2", WRITE)], 1))) == {"q", "h1", "h2"}
+
+
+def test_waiting_for_oneself_is_no_deadlock() -> None:
+    # A reader that asks to write the key it reads: its lease ends it.
+    assert deadlockedClients(keyWaits(b"k", [("a", READ)], [("a", WRITE)])) == set()
+    assert deadlockedClients(keyWaits(b"s", [("a", WRITE)], [("a", WRITE)], 3)) == set()
+    assert deadlockedClients([("a", Wait(ANY, frozenset({"a"})))]) == set()
+
+
+def test_any_of_nothing_is_met_and_a_chain_unwinds() -> None:
+    # a -> b -> c, c free: nobody deadlocked, however long the chain.
+    chain = [(i, Wait(ALL, frozenset({i + 1}))) for i in range(10000)]
+    assert deadlockedClients(chain) == set()
+    assert deadlockedClients(chain + [(10000, Wait(ALL, frozenset({0})))]) == set(range(10001))

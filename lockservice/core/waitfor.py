@@ -50,9 +50,11 @@ from typing import (
     Deque,
     Dict,
     FrozenSet,
+    Iterable,
     Iterator,
     List,
     Optional,
+    Sequence,
     Set,
     Tuple,
 )
@@ -466,3 +468,122 @@ def _discard(index: Dict[Any, Set[CycleId]], at: Any, cid: CycleId) -> None:
         ids.discard(cid)
         if not ids:
             del index[at]
+
+
+# -- shared keys: who a waiter waits for (issue 22) ---------------------------
+#
+# With read locks and semaphores a waiter may wait for several clients at
+# once, in one of two ways:
+#
+# - ALL: it is granted only once every one of them is gone: a writer waits
+#   for every holder and every waiter ahead of it (FIFO: they go first); a
+#   reader waits for the writers ahead of it, holding or queued (readers
+#   ahead of it are granted with it, never before it is due).
+# - ANY: it is granted as soon as one of them goes: a semaphore waiter
+#   needs one of the n slots, so it is blocked by a deadlock only when
+#   every one of the n holders is in it.  (A waiter further back needs more
+#   slots; counting it as ANY can only miss a deadlock, never report a
+#   false one.)
+#
+# A set of clients is deadlocked when none of them can be granted whatever
+# the others outside it do; found as the complement of the clients that can
+# finish (a least fixed point, O(clients + blockers)).
+
+READ = "r"
+WRITE = "w"   # an exclusive acquire (share None or 1)
+ALL = "all"
+ANY = "any"
+
+
+class Wait:
+    """
+    One queued acquire's wait: for C{ALL} or C{ANY} of C{blockers}.
+    """
+
+    __slots__ = ("how", "blockers", "key")
+
+    def __init__(self, how: str, blockers: FrozenSet[Client], key: bytes = b"") -> None:
+        self.how = how
+        self.blockers = blockers
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"Wait({self.how}, {set(self.blockers)!r}, {self.key!r})"
+
+
+def keyWaits(key: bytes, holders: Sequence[Tuple[Client, str]],
+             queue: Sequence[Tuple[Client, str]], slots: int = 1
+             ) -> List[Tuple[Client, Wait]]:
+    """
+    The waits of C{key}'s queue (FIFO order), from its C{holders} and
+    C{queue} as (client, mode) pairs: mode L{READ} or L{WRITE} (exclusive;
+    for a semaphore, C{slots} > 1, every grant is a slot).  A client does
+    not wait for itself (a lease ends that, it is no deadlock).
+    """
+    out: List[Tuple[Client, Wait]] = []
+    if slots > 1:
+        everyHolder = frozenset(who for who, _ in holders)
+        for who, _ in queue:
+            out.append((who, Wait(ANY, everyHolder - {who}, key)))
+        return out
+    ahead: List[Tuple[Client, str]] = list(holders)
+    writersAhead = [who for who, mode in ahead if mode != READ]
+    for who, mode in queue:
+        if mode == READ:
+            blockers = frozenset(writersAhead) - {who}
+        else:
+            blockers = frozenset(w for w, _ in ahead) - {who}
+        out.append((who, Wait(ALL, blockers, key)))
+        ahead.append((who, mode))
+        if mode != READ:
+            writersAhead.append(who)
+    return out
+
+
+def deadlockedClients(waits: Iterable[Tuple[Client, Wait]]) -> Set[Client]:
+    """
+    The clients that can never be granted all they wait for: each wait
+    of a client that can finish is met (ALL: every blocker can finish;
+    ANY: one can, or it has none); a client that waits for nothing
+    finishes (its leases end).  Everything else is deadlocked.
+    """
+    waitsOf: Dict[Client, List[Wait]] = {}
+    for who, wait in waits:
+        waitsOf.setdefault(who, []).append(wait)
+    # Per wait: how many blockers must still finish before it is met.
+    missing: Dict[int, int] = {}
+    unmet: Dict[Client, int] = {}
+    watchers: Dict[Client, List[Tuple[Client, Wait]]] = {}
+    finished: Deque[Client] = deque()
+    done: Set[Client] = set()
+    for who, ws in waitsOf.items():
+        count = 0
+        for wait in ws:
+            live = [b for b in wait.blockers if b is not who]
+            need = len(live) if wait.how == ALL else min(1, len(live))
+            missing[id(wait)] = need
+            if need:
+                count += 1
+                for b in live:
+                    watchers.setdefault(b, []).append((who, wait))
+        unmet[who] = count
+        if count == 0:
+            finished.append(who)
+            done.add(who)
+    # Blockers that wait for nothing finish.
+    for b in list(watchers):
+        if b not in waitsOf:
+            finished.append(b)
+            done.add(b)
+    while finished:
+        b = finished.popleft()
+        for who, wait in watchers.get(b, ()):
+            if who in done or missing[id(wait)] == 0:
+                continue
+            missing[id(wait)] -= 1
+            if missing[id(wait)] == 0:
+                unmet[who] -= 1
+                if unmet[who] == 0:
+                    done.add(who)
+                    finished.append(who)
+    return {who for who in waitsOf if who not in done}

@@ -364,7 +364,8 @@ class Answer:
         self._stalled = None
         channel = self.request.channel
         if channel is not None:
-            channel.transport.abortConnection()
+            transport: Any = channel.transport
+            transport.abortConnection()
 
     def _cancelStall(self) -> None:
         if self._stalled is not None and self._stalled.active():
@@ -800,12 +801,13 @@ class NodeChannel(HTTPChannel):
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        if hasattr(self.transport, "bufferSize"):
+        transport: Any = self.transport
+        if hasattr(transport, "bufferSize"):
             # What is kept beyond the kernel's buffer before the answer's
             # producer is paused: 3,000 clients that never read cost
             # 3,000 small buffers.
-            self.transport.bufferSize = SEND_BUFFER
-        handle = getattr(self.transport, "getHandle", lambda: None)()
+            transport.bufferSize = SEND_BUFFER
+        handle = getattr(transport, "getHandle", lambda: None)()
         if isinstance(handle, socket.socket) and handle.family != socket.AF_UNIX:
             # And a small kernel buffer: loopback's autotuning would take
             # megabytes per connection from the machine (not our RSS) for
@@ -817,7 +819,8 @@ class NodeChannel(HTTPChannel):
             self.refused = True
             body = _dumps({"error": f"request bodies over {self.maxBody} bytes "
                                     f"(or chunked) are refused"}) + b"\n"
-            self.transport.write(
+            transport: Any = self.transport
+            transport.write(
                 b"HTTP/1.1 413 Content Too Large\r\n"
                 b"Content-Type: application/json\r\n"
                 b"X-Content-Type-Options: nosniff\r\n"
@@ -851,7 +854,7 @@ class NodeRequest(Request):
     """
 
     def process(self) -> None:
-        site: NodeSite = self.channel.site
+        site: NodeSite = self.channel.site  # type: ignore[attr-defined]
         if site.inProgress >= site.maxRequests:
             site.refusedBusy += 1
             self.site = site
@@ -875,7 +878,7 @@ class NodeSite(Site):
     @ivar refusedBusy: requests answered 503 since start.
     """
 
-    protocol = NodeChannel
+    protocol = NodeChannel  # type: ignore[assignment]  # HTTP/1.1 only (no h2 wrapper)
     requestFactory = NodeRequest
     maxRequests = MAX_REQUESTS
 
@@ -888,7 +891,7 @@ class NodeSite(Site):
     def _finished(self, result: object) -> None:
         self.inProgress -= 1
 
-    def log(self, request: Request) -> None:
+    def log(self, request: Any) -> None:
         pass  # no access log (the node's log is for the lock service)
 
 
