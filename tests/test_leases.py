@@ -9,9 +9,11 @@ from __future__ import annotations
 import random
 from typing import List, Optional, Tuple
 
+import pytest
 from twisted.internet.task import Clock
 
 from lockservice.core.election import ACTIVE, HANDING_OFF, STANDBY
+from lockservice.core.table import EXCLUSIVE, READ
 from lockservice.server.service import LockService, PendingAcquire
 
 
@@ -61,8 +63,16 @@ def service() -> Tuple[LockService, Clock, Expiries, Conn]:
     return locks, clock, expiries, Conn()
 
 
-def acquire(locks: LockService, conn: Conn, key: bytes, lease: float) -> Optional[bytes]:
-    return locks.acquire(PendingAcquire(key, lease, conn), 0.0)
+def acquire(locks: LockService, conn: Conn, key: bytes, lease: float,
+            share: int = EXCLUSIVE) -> Optional[bytes]:
+    waiter = PendingAcquire(key, lease, conn)
+    waiter.share = share
+    return locks.acquire(waiter, 0.0)
+
+
+def tokenOf(answer: Optional[bytes]) -> int:
+    assert answer is not None and answer.startswith(b"A "), answer
+    return int(answer.split()[2])
 
 
 def test_leases_sharing_a_millisecond_expire_each_at_its_own_deadline() -> None:
@@ -245,3 +255,75 @@ def test_a_standby_promoted_through_a_frozen_moment_expires_its_mirrored_leases(
     assert expiries.seen == []
     clock.advance(1)
     assert [k for k, _ in expiries.seen] == [b"mirrored"]
+
+
+def test_an_exclusive_grant_is_filed_as_its_bare_key() -> None:
+    """
+    An exclusive grant's lease entry is its key alone (its token is the
+    key's current one): about 40 bytes per held key less (issue 22).
+    """
+    locks, clock, expiries, conn = service()
+    assert acquire(locks, conn, b"k", 1)
+    assert list(locks.leases.buckets.values()) == [b"k"]
+
+
+@pytest.mark.parametrize("again", ["renewed", "re-granted"])
+def test_a_stale_bare_entry_does_not_hide_a_later_lease(again: str) -> None:
+    """
+    A key's bare entry left in an early bucket, after its grant was renewed
+    or released and granted again with a longer lease, is skipped when the
+    bucket comes up: it does not stand for the key's new grant there (which
+    would arm the alarm for that grant's deadline and let another lease,
+    due in between, expire late).
+    """
+    locks, clock, expiries, conn = service()
+    assert acquire(locks, conn, b"early", 0.5)  # the alarm looks ahead when it has run
+    token = tokenOf(acquire(locks, conn, b"k", 1))
+    assert acquire(locks, conn, b"between", 2)
+    if again == "renewed":
+        replies: List[bytes] = []
+        locks.renew(b"k", token, 5, replies.append)
+        assert replies == [b"N k OK\n"]
+    else:
+        replies = []
+        locks.release(b"k", token, replies.append)
+        assert replies == [b"R k OK\n"]
+        assert tokenOf(acquire(locks, conn, b"k", 5)) != token
+    clock.advance(0.5)  # (task.Clock runs what comes due at the end of each advance)
+    assert [k for k, _ in expiries.seen] == [b"early"]
+    clock.advance(1.0)
+    assert [k for k, _ in expiries.seen] == [b"early"]
+    clock.advance(0.501)
+    assert [k for k, _ in expiries.seen] == [b"early", b"between"]
+    clock.advance(2.999)
+    assert [k for k, _ in expiries.seen] == [b"early", b"between", b"k"]
+    assert not clock.getDelayedCalls() and len(locks.table) == 0
+
+
+@pytest.mark.parametrize("share", [READ, 3])
+def test_shared_grants_expire_each_by_its_own_token(share: int) -> None:
+    """
+    A shared key's grants (readers, a semaphore's slots) each run out at
+    their own deadline, also two in the same millisecond and one renewed
+    into another's millisecond; the key stays held by the others meanwhile.
+    """
+    locks, clock, expiries, conn = service()
+    first = tokenOf(acquire(locks, conn, b"s", 1.0002, share))
+    second = tokenOf(acquire(locks, conn, b"s", 1.0004, share))  # the same millisecond
+    third = tokenOf(acquire(locks, conn, b"s", 2, share))
+    replies: List[bytes] = []
+    locks.renew(b"s", third, 3.0004, replies.append)
+    assert replies == [b"N s OK\n"]
+    fourth = tokenOf(acquire(locks, conn, b"s", 3.0002, share)) if share == READ else None
+    grants = lambda: sorted(t for t, *_ in locks.table.sharedGrantsOf(b"s"))  # noqa: E731
+    assert grants() == sorted(t for t in (first, second, third, fourth) if t is not None)
+    clock.advance(1.0003)
+    assert grants() == sorted(t for t in (second, third, fourth) if t is not None)
+    clock.advance(0.0002)
+    assert grants() == sorted(t for t in (third, fourth) if t is not None)
+    clock.advance(1.5)
+    assert grants() == sorted(t for t in (third, fourth) if t is not None)
+    clock.advance(0.5)  # 3.0005: past both of the last millisecond
+    assert grants() == [] and len(locks.table) == 0
+    assert len(expiries.seen) == (4 if share == READ else 3)
+    assert not clock.getDelayedCalls()

@@ -4,8 +4,8 @@ The service's deadlines: when queued acquires stop waiting, and when
 leases run out, plus the one reactor alarm that rings for the earliest.
 
 Pure bookkeeping: nothing here imports Twisted or knows the lock table.
-The time is passed in, validity is asked of the caller (a lease entry is
-C{(key, token)}: a key may have several grants, each with its own
+The time is passed in, validity is asked of the caller (a lease comes
+due as C{(key, token)}: a key may have several grants, each with its own
 deadline), and the caller acts on what comes due.
 """
 
@@ -189,20 +189,30 @@ class LeaseDeadlines:
     """
     Lease deadlines, by millisecond bucket (L{leaseBucket}): a heap of
     bucket numbers, and per bucket the grants whose lease ends in it (one
-    C{(key, token)} tuple while it is the only one, else a flat list
-    C{[key, token, key, token, ...]}).  Grants made close together share a
-    bucket, so a grant costs about two list slots here instead of a heap
-    entry of its own; the deadline itself stays with the grant (the caller's
-    C{expiresAt(key, token)}, None once that grant has ended).
+    entry while it is the only one, else a list of entries).  Grants made
+    close together share a bucket, so a grant costs about one list slot
+    here instead of a heap entry of its own; the deadline itself stays with
+    the grant.
+
+    An exclusive grant (a key's only holder) is filed as its bare key: its
+    token and deadline are the key's current ones (the caller's
+    C{currentGrant(key)}, C{(token, expiresAt)} or None when free), so the
+    entry is live while the key's current grant, whichever it is by then,
+    ends in that bucket.  A grant of a shared key (one of several) is filed
+    as C{(key, token)}: each ends by its own deadline (the caller's
+    C{expiresAt(key, token)}, None once that grant has ended).  Not storing
+    the token of an exclusive grant saves about 40 bytes per held key.
 
     A release, renewal or hand-over leaves its old entry behind (skipped
     when it comes up: the grant's deadline is no longer in that bucket);
     L{crowded} says when they pile up, and the caller rebuilds.
     """
 
-    def __init__(self, expiresAt: Callable[[bytes, int], Optional[float]]) -> None:
+    def __init__(self, expiresAt: Callable[[bytes, int], Optional[float]],
+                 currentGrant: Callable[[bytes], Optional[Tuple[int, float]]]) -> None:
         self.expiresAt = expiresAt
-        self.buckets: Dict[int, Union[LeaseEntry, List[Any]]] = {}
+        self.currentGrant = currentGrant
+        self.buckets: Dict[int, Union[bytes, LeaseEntry, List[Union[bytes, LeaseEntry]]]] = {}
         self.order: List[int] = []
         self.entries = 0
         # Due leases left over by the per-turn budget, in expiry order:
@@ -210,17 +220,22 @@ class LeaseDeadlines:
         # once, not once per turn).
         self.backlog: Deque[LeaseEntry] = deque()
 
-    def file(self, key: bytes, token: int, expiresAt: float) -> None:
+    def file(self, key: bytes, token: int, expiresAt: float, shared: bool = False) -> None:
+        """
+        File the grant C{token} of C{key}, whose lease ends at C{expiresAt}:
+        C{shared} when it is one of a shared key's grants (then it is filed
+        with its token), else it must be the key's only holder.
+        """
+        entry: Union[bytes, LeaseEntry] = (key, token) if shared else key
         bucket = leaseBucket(expiresAt)
         entries = self.buckets.get(bucket)
         if entries is None:
-            self.buckets[bucket] = (key, token)
+            self.buckets[bucket] = entry
             heappush(self.order, bucket)
-        elif isinstance(entries, tuple):
-            self.buckets[bucket] = [entries[0], entries[1], key, token]
+        elif isinstance(entries, list):
+            entries.append(entry)
         else:
-            entries.append(key)
-            entries.append(token)
+            self.buckets[bucket] = [entries, entry]
         self.entries += 1
 
     def crowded(self, grants: int) -> bool:
@@ -238,29 +253,32 @@ class LeaseDeadlines:
 
     def bucketEntries(self, bucket: int) -> List[LeaseEntry]:
         """
-        The grants whose lease (still) ends in C{bucket}: entries left
-        behind by a release, renewal or hand-over are skipped, and so is a
-        grant entered twice.
+        The grants whose lease (still) ends in C{bucket}, as C{(key, token)}:
+        entries left behind by a release, renewal or hand-over are skipped
+        (a key's bare entry is live only while its current grant ends in
+        C{bucket}), and so is a grant entered twice.
         """
         entries = self.buckets.get(bucket)
         if entries is None:
             return []
-        expiresAt = self.expiresAt
-        if isinstance(entries, tuple):
-            pairs: Any = (entries,)
-        else:
-            pairs = dict.fromkeys(zip(entries[::2], entries[1::2], strict=True))
-        live: List[LeaseEntry] = []
-        for key, token in pairs:
-            at = expiresAt(key, token)
-            if at is not None and leaseBucket(at) == bucket:
-                live.append((key, token))
-        return live
+        expiresAt, currentGrant = self.expiresAt, self.currentGrant
+        each: Any = entries if type(entries) is list else (entries,)
+        live: Dict[LeaseEntry, None] = {}
+        for entry in each:
+            if type(entry) is bytes:
+                grant = currentGrant(entry)
+                if grant is not None and leaseBucket(grant[1]) == bucket:
+                    live[(entry, grant[0])] = None
+            else:
+                at = expiresAt(entry[0], entry[1])
+                if at is not None and leaseBucket(at) == bucket:
+                    live[entry] = None
+        return list(live)
 
     def _drop(self, bucket: int) -> None:
         entries = self.buckets.pop(bucket, None)
         if entries is not None:
-            self.entries -= 1 if isinstance(entries, tuple) else len(entries) // 2
+            self.entries -= len(entries) if type(entries) is list else 1
 
     def nextDue(self) -> Optional[float]:
         if self.backlog:
@@ -315,5 +333,6 @@ class LeaseDeadlines:
         for key, token in later:
             at = expiresAt(key, token)
             if at is not None:
-                self.file(key, token, at)
+                # With its token: right for any grant (these are few).
+                self.file(key, token, at, shared=True)
         return out

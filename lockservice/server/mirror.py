@@ -28,7 +28,7 @@ class Mirroring:
     activeAddress: Optional[bytes]
     leases: LeaseDeadlines
 
-    def _fileLease(self, key: bytes, token: int, expiresAt: float) -> None:
+    def _fileLease(self, key: bytes, token: int, expiresAt: float, shared: bool) -> None:
         raise NotImplementedError
 
     def setActiveAddress(self, activeAddress: Optional[bytes]) -> None:
@@ -70,9 +70,10 @@ class Mirroring:
         now = self.clock.seconds()
         self.table.install(key, token, now - age, now + remaining, share)
         if self.role == ACTIVE:
-            self._fileLease(key, token, now + remaining)
+            self._fileLease(key, token, now + remaining, self.table.isShared(key))
         elif self.role == HANDING_OFF:
-            self.leases.file(key, token, now + remaining)  # armed when it serves again
+            # Armed when it serves again.
+            self.leases.file(key, token, now + remaining, self.table.isShared(key))
 
     def dropHolder(self, key: bytes, token: int) -> None:
         """

@@ -30,6 +30,7 @@ from twisted.logger import Logger
 from lockservice.core import wire
 from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.table import (
+    EXCLUSIVE,
     Grant,
     HandOverFailed,
     LockTable,
@@ -120,7 +121,7 @@ class LockService(Mirroring, Service):
         self.connections: Set[object] = set()
         self._errorsLogged: Set[str] = set()
         self.waits: WaitDeadlines[PendingAcquire] = WaitDeadlines()
-        self.leases = LeaseDeadlines(self._leaseExpiresAt)
+        self.leases = LeaseDeadlines(self._leaseExpiresAt, self._currentLease)
         # One alarm for the earliest wait or lease deadline.
         self.alarm = Alarm(clock, self._deadlinesDue, self._nextDeadline)
         self.chores = Chores(clock, self._inTurn, self._internalError)
@@ -245,7 +246,7 @@ class LockService(Mirroring, Service):
             self.stats.errors += 1
             return wire.BadRequest(b"A", waiter.key, str(e)).answer()
         if grant is not None:
-            self._granted(grant, now, 0.0, waiter.conn)
+            self._granted(grant, now, 0.0, waiter.conn, waiter.share != EXCLUSIVE)
             return wire.granted(grant.key, grant.token)
         if wait > 0:
             self.waits.add(waiter, now + wait)
@@ -296,7 +297,8 @@ class LockService(Mirroring, Service):
         if held != token:  # one of a shared key's grants
             grantedAt, expiresAt = holder.grantedAt, holder.expiresAt
             owner = lambda: holder.owner  # noqa: E731
-        self._fileLease(key, token, expiresAt)
+        # One of a shared key's grants, or its earliest (shown in its slot).
+        self._fileLease(key, token, expiresAt, held != token or table.isShared(key))
         self.notify.renewed(now, key, token, grantedAt, expiresAt, owner)
         reply(wire.renewed(key, True))
 
@@ -347,6 +349,10 @@ class LockService(Mirroring, Service):
     def _leaseExpiresAt(self, key: bytes, token: int) -> Optional[float]:
         return self.table.leaseOf(key, token)
 
+    def _currentLease(self, key: bytes) -> Optional[Tuple[int, float]]:
+        grant = self.table.grantOf(key)
+        return None if grant is None else (grant[0], grant[2])
+
     def _nextDeadline(self) -> Optional[float]:
         due = self.waits.nextDue()
         if self.role == ACTIVE:  # only an active node expires leases
@@ -388,8 +394,13 @@ class LockService(Mirroring, Service):
         if self.waits.forget(waiter, mayRebuild=not self.alarm.firing):
             self.alarm.rearm()
 
-    def _fileLease(self, key: bytes, token: int, expiresAt: float) -> None:
-        self.leases.file(key, token, expiresAt)
+    def _fileLease(self, key: bytes, token: int, expiresAt: float, shared: bool) -> None:
+        """
+        File the lease of the grant C{token} of C{key}: C{shared} when it is
+        one of a shared key's grants, else the key's only holder (see
+        L{LeaseDeadlines}).
+        """
+        self.leases.file(key, token, expiresAt, shared)
         if expiresAt < self.alarm.at:
             self.alarm.arm(expiresAt)
         elif (not self.alarm.firing
@@ -399,8 +410,8 @@ class LockService(Mirroring, Service):
 
     def _fileAllLeases(self) -> None:
         self.leases.clear()
-        for key, token, _, expiresAt, _ in self.table.everyGrant():
-            self.leases.file(key, token, expiresAt)
+        for key, token, _, expiresAt, share in self.table.everyGrant():
+            self.leases.file(key, token, expiresAt, share != EXCLUSIVE)
         self.alarm.rearm()
 
     def _takeWaiters(self) -> List[PendingAcquire]:
@@ -454,9 +465,14 @@ class LockService(Mirroring, Service):
         if table.pending:
             self._letIn()
 
-    def _granted(self, grant: Grant, now: float, waited: float, conn: AnswerSink) -> None:
+    def _granted(self, grant: Grant, now: float, waited: float, conn: AnswerSink,
+                 shared: bool) -> None:
+        """
+        Count and file a grant made (C{shared}: a reader's or a semaphore's,
+        one of its key's grants), and tell the observers.
+        """
         self.stats.grants += 1
-        self._fileLease(grant.key, grant.token, grant.expiresAt)
+        self._fileLease(grant.key, grant.token, grant.expiresAt, shared)
         self.notify.granted(now, grant.key, grant.token, grant.expiresAt, waited,
                             grant.waiter, conn)
 
@@ -471,7 +487,8 @@ class LockService(Mirroring, Service):
             if waiter.run is not None:
                 leaveRun(waiter, waiter.run)
             self._forgetWait(waiter)
-            self._granted(grant, now, now - waiter.queuedAt, waiter.conn)
+            self._granted(grant, now, now - waiter.queuedAt, waiter.conn,
+                          waiter.share != EXCLUSIVE)
             waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))
         for orphan in cast(List[PendingAcquire], orphans):
             self._forgetWait(orphan)
