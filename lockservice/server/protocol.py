@@ -309,7 +309,11 @@ class LockProtocol(LineOnlyReceiver):
         if self.peer is not None:
             self.peer.dataReceived(data)
             return
-        if self._putOff or not self.factory.readBudget.spend(self, len(data)):
+        budget = self.factory.readBudget
+        spent = budget.spent
+        if not self._putOff and spent < budget.budget and spent + len(data) <= RESET_AFTER:
+            budget.spent = spent + len(data)  # ReadBudget.spend with no reset due, inline
+        elif self._putOff or not budget.spend(self, len(data)):
             # This iteration has handled enough input: the rest waits
             # (behind what already waits, in order).
             self._putOff += data
@@ -402,7 +406,17 @@ class LockProtocol(LineOnlyReceiver):
         Write the answer to a release or renewal; count STALE answers, and
         close a connection that guesses tokens.
         """
-        self.write(answer)
+        # write(), inline for an answer in a turn (every release).
+        batch = self._batch
+        if batch is not None:
+            batch.append(answer)
+        else:
+            turn = self.service.answers.current
+            if turn is not None:
+                self._batch = [answer]
+                turn.append(self)
+            else:
+                self.write(answer)
         if answer[-7:] != b" STALE\n":
             return
         now = self.service.clock.seconds()
@@ -416,8 +430,7 @@ class LockProtocol(LineOnlyReceiver):
             self._close()
 
     def _acquire(self, request: wire.Acquire) -> None:
-        waiter = PendingAcquire(request.key, request.lease, self)
-        waiter.share = request.share
+        waiter = PendingAcquire(request.key, request.lease, self, request.share)
         answer = self.service.acquire(waiter, request.wait)
         earlier = self._pending.get(request.key)
         if answer is not None and not earlier:
@@ -450,7 +463,9 @@ class LockProtocol(LineOnlyReceiver):
             self.write(answer)
         if not queue:
             del self._pending[waiter.key]
-        if self._readPaused != self._writePaused or self._overloaded():
+        # _overloaded(), inline: this is every hand-over.
+        if (self._readPaused != self._writePaused or self._heldBytes > MAX_HELD_BACK_BYTES
+                or self._queued > MAX_QUEUED_ACQUIRES or self._putOff):
             self._updateReading()
 
     def _withdrawing(self, pending: Dict[bytes, Deque[PendingAcquire]],

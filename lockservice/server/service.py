@@ -233,7 +233,7 @@ class LockService(Mirroring, Service):
         table = self.table
         queued = table.queued(waiter.key)
         if queued is None:
-            if len(table) >= self.maxKeys:
+            if len(table.held) >= self.maxKeys:
                 self.stats.rejectedKeys += 1
                 return wire.BadRequest(b"A", waiter.key, "too many keys").answer()
         elif queued >= self.maxWaiters:
@@ -403,8 +403,8 @@ class LockService(Mirroring, Service):
         self.leases.file(key, token, expiresAt, shared)
         if expiresAt < self.alarm.at:
             self.alarm.arm(expiresAt)
-        elif (not self.alarm.firing
-              and self.leases.entries > 2 * (len(self.table) + self.table.sharedGrants) + 4096):
+        elif (not self.alarm.firing and self.leases.entries
+              > 2 * (len(self.table.held) + self.table.sharedGrants) + 4096):
             # (LeaseDeadlines.crowded over every grant, inline: this runs at every grant.)
             self._fileAllLeases()
 
@@ -447,7 +447,8 @@ class LockService(Mirroring, Service):
         # nameOf(client), inline: only the operator's view wants it.
         owner = getattr(client, "name", None) if self.activity else None
         orphans: List[Waiter] = []
-        passGone(table, key, self.withdraw)
+        if table.waiterCount:  # (nothing to pass by otherwise)
+            passGone(table, key, self.withdraw)
         takeBack = table.expire if expired else table.release
         try:
             _, grant = takeBack(key, token, now)
@@ -461,7 +462,8 @@ class LockService(Mirroring, Service):
         self.notify.dropped(now, key, token, heldFor, expired, owner)
         if reply is not None:
             reply(wire.released(key, True))
-        self._afterHandOver(grant, orphans, now)
+        if grant is not None or orphans:
+            self._afterHandOver(grant, orphans, now)
         if table.pending:
             self._letIn()
 
@@ -472,7 +474,15 @@ class LockService(Mirroring, Service):
         one of its key's grants), and tell the observers.
         """
         self.stats.grants += 1
-        self._fileLease(grant.key, grant.token, grant.expiresAt, shared)
+        # _fileLease, inline: this is every grant.
+        expiresAt = grant.expiresAt
+        self.leases.file(grant.key, grant.token, expiresAt, shared)
+        alarm = self.alarm
+        if expiresAt < alarm.at:
+            alarm.arm(expiresAt)
+        elif (not alarm.firing and self.leases.entries
+              > 2 * (len(self.table.held) + self.table.sharedGrants) + 4096):
+            self._fileAllLeases()
         self.notify.granted(now, grant.key, grant.token, grant.expiresAt, waited,
                             grant.waiter, conn)
 
@@ -486,7 +496,8 @@ class LockService(Mirroring, Service):
             assert isinstance(waiter, PendingAcquire)
             if waiter.run is not None:
                 leaveRun(waiter, waiter.run)
-            self._forgetWait(waiter)
+            if waiter.deadline:  # (else it has no wait deadline to forget)
+                self._forgetWait(waiter)
             self._granted(grant, now, now - waiter.queuedAt, waiter.conn,
                           waiter.share != EXCLUSIVE)
             waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))

@@ -132,6 +132,16 @@ class AnswerTurn:
         instead of one per connection.  A single node answers at once.
         """
         if not self.gate.hooks:
+            if self._endOfTurn is None:
+                # close() and _send(), inline: a single node ends every
+                # turn of requests here.
+                turn, self.current = self.current, None
+                for conn in turn or ():
+                    try:
+                        conn.flushAnswers()
+                    except Exception:
+                        self._failed("sending answers")
+                return
             self.close()
         elif self._endOfTurn is None:
             self._endOfTurn = self.clock.callLater(0, self.close)

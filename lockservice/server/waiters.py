@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Protocol
 
-from lockservice.core.table import LockTable, Waiter
+from lockservice.core.table import EXCLUSIVE, LockTable, Waiter
 
 
 class AnswerSink(Protocol):
@@ -78,8 +78,16 @@ class PendingAcquire(Waiter):
 
     __slots__ = ("conn", "deadline", "answer", "run")
 
-    def __init__(self, key: bytes, lease: float, conn: AnswerSink) -> None:
-        super().__init__(key, lease)
+    def __init__(self, key: bytes, lease: float, conn: AnswerSink,
+                 share: int = EXCLUSIVE) -> None:
+        # Waiter.__init__, inline: this is every acquire.
+        self.key = key
+        self.lease = lease
+        self.share = share
+        self.queuedAt = 0.0
+        self.queued = False
+        self.prev = None
+        self.next = None
         self.conn = conn
         self.deadline = 0.0
         self.answer: Optional[bytes] = None
