@@ -326,6 +326,36 @@ def test_a_closed_connection_is_withdrawn_in_chunks_and_passed_by() -> None:
     assert node.service.stats.grants == 2
 
 
+def test_a_lone_dead_waiter_at_the_head_is_passed_by() -> None:
+    """
+    A closed connection's only waiter of a key (in no run of its own) that
+    is still queued when the key is handed over is passed by, and the key
+    goes to the live waiter behind it.
+    """
+    node = Node(maxWaiters=10 * CHUNK_BUDGET)
+    holder, leaving, staying = node.connect(), node.connect(), node.connect()
+    # The withdrawal's first chunks go to the other keys, so the waiter of
+    # "last" is still queued at the hand-over.
+    keys = [b"k%d" % i for i in range(2 * CHUNK_BUDGET)]
+    for key in keys:
+        holder.ask(b"A " + key + b" 30 0")
+    live = holder.ask(b"A last 30 0").split()[2]
+    leaving.send(b"".join(b"A " + key + b" 30 0\n" for key in keys) + b"A last 30 0\n")
+    staying.send(b"A last 30 0\n")
+    leaving.close()
+    table = node.service.table
+    assert table.queueLength(b"last") == 2
+    assert holder.ask(b"R last " + live) == b"R last OK\n"
+    granted = staying.take()
+    assert granted.startswith(b"A last "), granted
+    assert leaving.take() == b""
+    assert table.queueLength(b"last") == 0
+    assert staying.ask(b"R last " + granted.split()[2]) == b"R last OK\n"
+    while node.service.chores.pending:
+        node.clock.advance(0)
+    assert table.waiterCount == 0
+
+
 def test_dead_runs_between_live_waiters_are_never_granted() -> None:
     node = Node(maxWaiters=10 * CHUNK_BUDGET)
     holder, a, b, c = node.connect(), node.connect(), node.connect(), node.connect()

@@ -251,7 +251,9 @@ class LockService(Mirroring, Service):
         if wait > 0:
             self.waits.add(waiter, now + wait)
             self.alarm.arm(waiter.deadline)
-        joinRun(waiter)
+        before = waiter.prev
+        if isinstance(before, PendingAcquire) and before.conn is waiter.conn:
+            joinRun(waiter)  # (else it is alone: see Run)
         if self.activity:
             self.notify.queued(now, waiter)
         return None

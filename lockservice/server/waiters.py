@@ -50,7 +50,10 @@ class Run:
     """
     Consecutive waiters of one connection in one key's queue (pipelined
     acquires usually are): when that connection is gone and its run comes
-    up for a hand-over, the whole run is cut out of the queue in O(1).
+    up for a hand-over, the whole run is cut out of the queue in O(1).  A
+    waiter queued behind another connection's is in no run until one of
+    its own connection's joins it behind (a lone waiter is passed by as
+    cheaply, and most waiters are lone: one connection, one wait per key).
 
     @ivar last: its last waiter still linked in the queue.
     @ivar count: how many of its waiters are still linked.
@@ -99,15 +102,21 @@ class PendingAcquire(Waiter):
 
 def joinRun(waiter: PendingAcquire) -> None:
     """
-    C{waiter} was just queued: it extends its connection's run when the
-    waiter before it is that run's last, else it starts a run.
+    C{waiter} was just queued: when the waiter before it is of the same
+    connection, it extends that waiter's run (or starts one with it, or
+    stays alone when that waiter is not its run's last); behind another
+    connection's waiter, it stays alone (C{run} None).
     """
     before = waiter.prev
-    if (isinstance(before, PendingAcquire) and before.conn is waiter.conn
-            and before.run is not None and before.run.last is before):
-        run = before.run
-    else:
-        run = Run()
+    if not isinstance(before, PendingAcquire) or before.conn is not waiter.conn:
+        return
+    run = before.run
+    if run is None:
+        run = before.run = Run()
+        run.last = before
+        run.count = 1
+    elif run.last is not before:
+        return
     run.last = waiter
     run.count += 1
     waiter.run = run
@@ -165,7 +174,7 @@ def passGone(table: LockTable, key: bytes, withdraw: Callable[[PendingAcquire], 
             continue
         run = head.run
         if run is None or run.last is None:
-            withdraw(head)  # not in a run (never expected): one by one
+            withdraw(head)  # alone (not in a run): at once, O(1)
         else:
             table.cut(key, head, run.last, run.count)
             run.cut = True
