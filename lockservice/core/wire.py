@@ -250,13 +250,24 @@ def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
     if not arity <= len(fields) <= arity + _OPTIONAL.get(op, 0):
         raise _bad(fields, _USAGE[op])
     key = fields[1]
-    if not isValidKey(key):
+    # The common cases of isValidKey, parseSeconds and parseToken are
+    # inline below (every request goes through here); anything else takes
+    # the full check, which decides exactly as before.
+    if ((len(key) > MAX_KEY or key.translate(None, _PLAIN_KEY_BYTES))
+            and not isValidKey(key)):
         raise _bad(fields, _BAD_WORD if op == b"P" else _BAD_NAME if op == b"I" else _BAD_KEY)
     if op == b"A":
-        lease = _lease(fields, fields[2], maxLease)
-        wait = parseSeconds(fields[3], maxWait)
-        if wait is None:
-            raise _bad(fields, f"bad wait: seconds, 0 <= wait <= {maxWait:g}, digits only")
+        field = fields[2]
+        lease = float(int(field)) if field.isdigit() and len(field) < 16 else 0.0
+        if not 0.0 < lease < maxLease:
+            lease = _lease(fields, field, maxLease)
+        field = fields[3]
+        wait: Optional[float] = (
+            float(int(field)) if field.isdigit() and len(field) < 16 else None)
+        if wait is None or wait >= maxWait:
+            wait = parseSeconds(field, maxWait)
+            if wait is None:
+                raise _bad(fields, f"bad wait: seconds, 0 <= wait <= {maxWait:g}, digits only")
         if len(fields) == 4:
             return Acquire(key, lease, wait)
         share = parseShare(fields[4])
@@ -264,7 +275,10 @@ def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
             raise _bad(fields, _BAD_SHARE)
         return Acquire(key, lease, wait, share)
     if op == b"R":
-        return Release(key, _token(fields, fields[2]))
+        field = fields[2]
+        # Fewer than 20 digits: below 2**64 whatever they are.
+        return Release(key, int(field) if field.isdigit() and len(field) < 20
+                       else _token(fields, field))
     if op == b"N":
         return Renew(key, _token(fields, fields[2]), _lease(fields, fields[3], maxLease))
     if op == b"I":

@@ -322,36 +322,35 @@ class LockProtocol(LineOnlyReceiver):
         answers = self.service.answers
         outer = answers.open()
         try:
-            self._readLines(data)
+            # The lines, read here rather than in a method of their own
+            # (this is every request).
+            if self._buffer:
+                data = self._buffer + data
+            lines = data.split(b"\n")
+            self._buffer = lines.pop()
+            for index, line in enumerate(lines):
+                if line[-1:] == b"\r":
+                    line = line[:-1]
+                if len(line) > wire.MAX_LINE:
+                    return self.lineLengthExceeded(line)
+                self.lineReceived(line)
+                if self.peer is not None:
+                    # A peer handshake switched this connection over.
+                    rest = b"\n".join(lines[index + 1:] + [self._buffer])
+                    self._buffer = b""
+                    self.flushAnswers()
+                    if rest:
+                        self.peer.dataReceived(rest)
+                    return
+                if self.transport.disconnecting:  # type: ignore[union-attr]
+                    return
+            if len(self._buffer) > wire.MAX_LINE and not (
+                len(self._buffer) == wire.MAX_LINE + 1 and self._buffer[-1:] == b"\r"
+            ):
+                self.lineLengthExceeded(self._buffer)
         finally:
             if outer:
                 answers.closeSoon()
-
-    def _readLines(self, data: bytes) -> None:
-        if self._buffer:
-            data = self._buffer + data
-        lines = data.split(b"\n")
-        self._buffer = lines.pop()
-        for index, line in enumerate(lines):
-            if line[-1:] == b"\r":
-                line = line[:-1]
-            if len(line) > wire.MAX_LINE:
-                return self.lineLengthExceeded(line)
-            self.lineReceived(line)
-            if self.peer is not None:
-                # A peer handshake switched this connection over.
-                rest = b"\n".join(lines[index + 1:] + [self._buffer])
-                self._buffer = b""
-                self.flushAnswers()
-                if rest:
-                    self.peer.dataReceived(rest)
-                return
-            if self.transport.disconnecting:  # type: ignore[union-attr]
-                return
-        if len(self._buffer) > wire.MAX_LINE and not (
-            len(self._buffer) == wire.MAX_LINE + 1 and self._buffer[-1:] == b"\r"
-        ):
-            self.lineLengthExceeded(self._buffer)
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._buffer = b""
