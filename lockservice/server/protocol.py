@@ -20,14 +20,14 @@ from zope.interface import implementer
 from lockservice.core import wire
 from lockservice.internals import END_OF_INPUT, plainSocket, sendNow
 from lockservice.server.admission import (  # noqa: F401 (re-exported for the tests)
-    ADDRESS_STALE_BURST,
-    ADDRESS_STALE_RATE,
     ADDRESS_TABLE_SIZE,
     ADMITTED,
+    CLOSE_DECAY,
     PEER_GRACE,
     PEER_RESERVE,
     PROBATION,
     REFUSED,
+    SLOW_AFTER_CLOSES,
     SLOW_STEP,
     STALE_LIMIT,
     STALE_WINDOW,
@@ -410,7 +410,7 @@ class LockProtocol(LineOnlyReceiver):
         if window is None:
             window = self._staleWindow = StaleWindow()
         admission = self.factory.admission
-        if admission.stale(window, self.host, now):
+        if admission.stale(window, now):
             self.service.stats.staleFloods += 1
             admission.staleFlood(self, now)
             self._close()
