@@ -382,7 +382,10 @@ class LockProtocol(LineOnlyReceiver):
             request = wire.parseRequest(line, service.maxLease, service.maxWait)
         except wire.BadRequest as e:
             service.stats.errors += 1
-            self.write(e.answer())
+            if e.op == b"A" and e.key in self._pending:
+                self._answerInTurn(e.key, e.answer())
+            else:
+                self.write(e.answer())
             return
         if isinstance(request, wire.Acquire):
             self._acquire(request)
@@ -431,6 +434,17 @@ class LockProtocol(LineOnlyReceiver):
             self.finish(waiter, answer)
         elif self._queued > MAX_QUEUED_ACQUIRES:
             self._updateReading()
+
+    def _answerInTurn(self, key: bytes, answer: bytes) -> None:
+        """
+        Answer an acquire of C{key} refused before it reached the service
+        (malformed) behind this connection's earlier acquires of C{key}:
+        equal (op, key) are answered in send order (SPEC section 3).
+        """
+        refused = PendingAcquire(key, 0.0, self)
+        self._pending[key].append(refused)
+        self._queued += 1
+        self.finish(refused, answer)
 
     def finish(self, waiter: PendingAcquire, answer: bytes) -> None:
         """
