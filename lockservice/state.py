@@ -18,7 +18,8 @@ Two things survive a restart:
     C{last_token} restored).  Cluster terms follow the same mark.
   - the held locks, written by a node that stops gracefully with nobody to
     hand them to (a lone node, or the last active of a cluster): keys,
-    tokens and wall-clock deadlines, so a lease that ran out while the
+    tokens, shares (every reader's and every semaphore slot's grant) and
+    wall-clock deadlines, so a lease that ran out while the
     node was down is gone when it starts.  The next start takes them and
     rewrites the file without them at once: a table is served (or handed
     over) by one start only, never brought back by a later crash.
@@ -60,6 +61,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from lockservice.core.table import MAX_TOKEN, TokenExhausted, TokenIssuer
+from lockservice.core.wire import formatShare, parseShare
 
 if TYPE_CHECKING:
     from lockservice.server.service import LockService
@@ -75,7 +77,6 @@ MARK_LEAD = 600 * 1_000_000
 RETRY_LEAD = 1_000_000
 # The least a mark lies above the token just issued: a million grants.
 AHEAD_LEAD = 1_000_000
-_SHARES = (b"1", b"r")
 
 
 class StateError(Exception):
@@ -194,7 +195,7 @@ def decode(data: bytes, cluster: str, node: str) -> State:
         except (ValueError, UnicodeDecodeError):
             raise StateError(f"bad key in {record[:60]!r}") from None
         share = fields[5]
-        if share not in _SHARES and not (share.isdigit() and 2 <= int(share) <= 65535):
+        if parseShare(share) is None:
             raise StateError(f"bad share in {record[:60]!r}")
         state.locks.append(SavedLock(key, _number(fields[2], "token"),
                                      _number(fields[3], "deadline"),
@@ -363,9 +364,11 @@ class NodeState:
             # A lease runs no longer after a restart than it was granted
             # for, even when the wall clock stepped back meanwhile.
             remaining = min(lock.deadline - wall, lock.deadline - lock.granted) / 1e6
-            if remaining > 0 and lock.share == b"1":
+            if remaining > 0:
+                share = parseShare(lock.share)
+                assert share is not None  # decode() checked it
                 locks.installHolder(lock.key, lock.token, remaining,
-                                    max(0.0, (wall - lock.granted) / 1e6))
+                                    max(0.0, (wall - lock.granted) / 1e6), share)
                 kept += 1
         return kept, len(saved) - kept
 
@@ -410,10 +413,13 @@ class NodeState:
         now, wall = locks.clock.seconds(), self.wallMicros()
         saved = []
         if keepLocks:
-            for key, token, grantedAt, expiresAt in locks.table.grants():
+            # Every grant, a shared key's each with its share (highest token
+            # first, so they are installed again in the order they fit).
+            for key, token, grantedAt, expiresAt, share in locks.table.everyGrant():
                 if expiresAt > now:
                     saved.append(SavedLock(key, token, wall + int((expiresAt - now) * 1e6),
-                                           wall - int((now - grantedAt) * 1e6)))
+                                           wall - int((now - grantedAt) * 1e6),
+                                           formatShare(share) or b"1"))
             self.state.saved = wall
         self.state.locks = saved
         self.state.term = max(self.state.term, self.terms())

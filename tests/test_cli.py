@@ -683,3 +683,62 @@ def test_slots_1_is_the_exclusive_lock(spawn) -> None:  # type: ignore[no-untype
     with LineClient(node.port) as c:
         assert c.ask(b"A slots/one 30 0.1") == b"T slots/one"  # held exclusively
         assert c.ask(b"R slots/one " + got.stdout.strip()) == b"R slots/one OK"
+
+
+def test_acquire_read_twice_holds_two_readers_and_keeps_the_writer_out(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 22 (CLI): `acquire --read` takes a read lock; two readers hold
+    the key at once, a writer waits, and each reader releases its own token.
+    """
+    node = spawn()
+    tokens = []
+    for _ in range(2):
+        got = cli("acquire", "doc", "--read", "--wait", "5", "--addr", node.address)
+        assert got.returncode == 0, got.stderr
+        tokens.append(got.stdout.decode().strip())
+    assert all(t.isdigit() for t in tokens) and tokens[0] != tokens[1]
+    with LineClient(node.port) as c:
+        assert c.ask(b"A doc 30 0.2") == b"T doc"  # the writer does not fit beside them
+    for token in tokens:
+        released = cli("release", "doc", token, "--addr", node.address)
+        assert (released.returncode, released.stdout) == (0, b"OK\n")
+    with LineClient(node.port) as c:
+        assert c.ask(b"A doc 30 0.2").startswith(b"A doc ")
+
+
+def test_run_slots_lets_n_commands_run_at_once_and_no_more(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 22 (CLI): `lockservice run --slots 2 backups -- CMD`: two run at
+    once, a third finds no free slot (exit 75), and both slots are released
+    when the commands end.
+    """
+    node = spawn()
+    gate = tmp_path / "gate"
+    script = ("import os, sys, time\n"
+              "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n")
+    command = [sys.executable, "-c", script, str(gate)]
+    runs = [subprocess.Popen([sys.executable, "-m", "lockservice.cli", "run", "backups",
+                              "--slots", "2", "--addr", node.address, "--", *command],
+                             env=twistdEnvironment(), stderr=subprocess.PIPE)
+            for _ in range(2)]
+    try:
+        with LineClient(node.port) as c:
+            waitFor(lambda: c.ask(b"A backups 30 0.1 2") == b"T backups", 30,
+                    what="both slots held by the two runs")
+            assert c.ask(b"A backups 30 0.1 3").startswith(b"E A backups")  # its kind is 2 slots
+        third = cli("run", "backups", "--slots", "2", "--wait", "0.5", "--addr", node.address,
+                    "--", sys.executable, "-c", "print('ran')")
+        assert third.returncode == 75, third.stderr
+        assert b"ran" not in third.stdout
+        gate.write_text("")
+        assert [run.wait(30) for run in runs] == [0, 0]
+    finally:
+        gate.write_text("")
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+            run.wait()
+    with LineClient(node.port) as c:
+        first = c.ask(b"A backups 30 0.2 2")
+        second = c.ask(b"A backups 30 0.2 2")
+    assert first.startswith(b"A backups ") and second.startswith(b"A backups ")

@@ -206,6 +206,30 @@ def test_equal_pairs_answered_in_send_order_even_when_later_times_out_first(
     assert a.take() == b"A k " + token(1) + b"\nT k\n"
 
 
+@pytest.mark.parametrize("bad", [b"A k 30 0 x", b"A k 30 0 0", b"A k 30 0 2 5", b"A k 0 0",
+                                 b"A k 30 x", b"A k 99999999 0"])
+def test_a_malformed_acquire_is_answered_after_an_earlier_acquire_of_its_key(
+    node: Node, bad: bytes,
+) -> None:
+    """
+    Found from outside: `E A k ...` for a malformed acquire overtook the
+    same connection's earlier, queued `A k` (SPEC section 3: equal (op,
+    key) are answered in send order), so a client pairing answers by
+    (op, key) took the E for its first acquire.  Other keys and other ops
+    are not held back.
+    """
+    holder, a = node.connect(), node.connect()
+    holder.ask(b"A k 30 0")
+    a.send(b"A k 30 0\n" + bad + b"\nA j 30 0 x\nR k 1\n")
+    answers = a.take().split(b"\n")
+    assert answers[0].startswith(b"E A j ") and answers[1] == b"R k STALE"
+    assert len(answers) == 3 and node.service.table.queueLength(b"k") == 1
+    holder.ask(b"R k " + token(0))
+    granted, refused, rest = a.take().split(b"\n", 2)
+    assert granted == b"A k " + token(1) and refused.startswith(b"E A k ") and rest == b""
+    assert a.ask(b"P still") == b"P still\n"
+
+
 def test_timers_follow_the_monotonic_clock_not_the_wall_clock(node: Node) -> None:
     a, b = node.connect(), node.connect()
     a.ask(b"A k 10 0")

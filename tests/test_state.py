@@ -11,7 +11,7 @@ from typing import List
 import pytest
 from twisted.internet.task import Clock
 
-from lockservice.core.table import TokenIssuer
+from lockservice.core.table import EXCLUSIVE, READ, TokenIssuer
 from lockservice.server.service import LockService
 from lockservice.state import (
     MARK_LEAD,
@@ -351,3 +351,27 @@ def test_a_graceful_stop_records_the_exact_highest_token(tmp_path) -> None:  # t
     state.start(locks)
     assert locks.table.tokens.last == before  # not ten minutes ahead
     assert locks.table.tokens.issue() > before
+
+
+def test_shared_grants_survive_a_restart_with_their_share(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 24: the saved table keeps every reader's and every semaphore
+    slot's grant, each with its own token and deadline, and its kind.
+    """
+    now = [1_000_000_000_000]
+    locks, state = _node(tmp_path, now, Clock())
+    state.start(locks)
+    locks.installHolder(b"doc", 11, 30.0, share=READ)
+    locks.installHolder(b"doc", 12, 20.0, share=READ)
+    locks.installHolder(b"pool", 13, 30.0, share=3)
+    locks.installHolder(b"pool", 14, 5.0, share=3)
+    locks.installHolder(b"solo", 15, 30.0)
+    assert state.stopped(locks, keepLocks=True) == 5
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    now[0] += 10 * 1_000_000  # down for ten seconds: pool's 14 ran out
+    locks, state = _node(tmp_path, now, Clock())
+    assert state.start(locks) == (4, 1)
+    grants = sorted(locks.table.everyGrant(), key=lambda g: g[1])
+    assert [(key, token, share) for key, token, _, _, share in grants] == [
+        (b"doc", 11, READ), (b"doc", 12, READ), (b"pool", 13, 3), (b"solo", 15, EXCLUSIVE)]
+    assert [expires for _, _, _, expires, _ in grants] == pytest.approx([20.0, 10.0, 20.0, 20.0])

@@ -79,6 +79,39 @@ def test_a_lone_node_keeps_held_locks_across_a_graceful_restart(tmp_path) -> Non
         node.stop()
 
 
+def grantShared(port: int, key: bytes, share: bytes) -> int:
+    with LineClient(port) as c:
+        answer = c.ask(b"A %s 60 0 %s" % (key, share)).split()
+    assert answer[:2] == [b"A", key], answer
+    return int(answer[2])
+
+
+def test_shared_grants_survive_a_graceful_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    Issue 24 with shared keys: both readers of a read lock and both slots
+    taken of a 2-slot semaphore are held again after the restart, and the
+    key's kind with them (a writer waits; a third slot waits).
+    """
+    node = stateNode(tmp_path)
+    node.start()
+    try:
+        readers = [grantShared(node.port, b"doc", b"r") for _ in range(2)]
+        slots = [grantShared(node.port, b"pool", b"2") for _ in range(2)]
+        terminate(node)
+        node.start()
+        with LineClient(node.port) as c:
+            for token in readers:
+                assert c.ask(b"N doc %d 60" % token) == b"N doc OK"
+            for token in slots:
+                assert c.ask(b"N pool %d 60" % token) == b"N pool OK"
+            assert c.ask(b"A doc 60 0.3") == b"T doc"  # the writer does not fit
+            assert c.ask(b"A pool 60 0.3 2") == b"T pool"  # no free slot
+            assert c.ask(b"A pool 60 0.3 3").startswith(b"E A pool")  # kind kept
+            assert c.ask(b"A doc 60 0.3 r").startswith(b"A doc ")  # readers still fit
+    finally:
+        node.stop()
+
+
 def test_without_state_dir_a_graceful_restart_loses_held_locks(spawn) -> None:  # type: ignore[no-untyped-def]
     """
     The documented default (docs/consistency.md): a throwaway node forgets.

@@ -12,9 +12,8 @@ guessing tokens and is closed.  That limit is per connection: a neighbour's
 STALE answers never close, refuse or delay a live connection (many honest
 clients share one address: a host's processes, a NAT, a proxy).  Guessing
 over reconnects is met at the door instead: an address whose connections
-together collect STALE answers far faster than anyone honest has its *new*
-connections slowed (each is read only after the one before it had its
-turn).
+keep being closed for that limit has its *new* connections slowed (each is
+read only after the one before it had its turn).
 """
 
 from __future__ import annotations
@@ -38,19 +37,18 @@ PEER_GRACE = 2.0
 STALE_LIMIT = 100
 STALE_WINDOW = 1.0
 
-# Per source address, across all its connections: a token bucket of
-# ADDRESS_STALE_RATE STALE answers a second (ADDRESS_STALE_BURST at most at
-# once: ten connections' worth of the per-connection limit).  While an
-# address has less than SLOW_BELOW of it left, each new connection from it
-# is read only SLOW_STEP seconds after the previous new one (so
-# reconnecting buys a guesser one connection's worth of guesses a second,
-# about the refill: it stays slowed while it goes on); live connections
-# are never touched.  At most ADDRESS_TABLE_SIZE addresses are tracked (the
-# least recently seen is forgotten first), so memory stays bounded.
-ADDRESS_STALE_RATE = 100.0
-ADDRESS_STALE_BURST = 1000.0
+# Per source address: how many of its connections were closed for the
+# STALE limit, a count that decays by one every CLOSE_DECAY seconds.  While
+# it is at SLOW_AFTER_CLOSES or more (an address whose connections keep
+# being closed: guessing over reconnects), each new connection from it is
+# read only SLOW_STEP seconds after the previous new one; live connections
+# are never touched, and STALE answers alone (honest neighbours releasing
+# expired locks, however many) never slow anyone.  At most
+# ADDRESS_TABLE_SIZE addresses are tracked (the least recently seen is
+# forgotten first), so memory stays bounded.
+SLOW_AFTER_CLOSES = 3
+CLOSE_DECAY = 10.0
 SLOW_STEP = 1.0
-SLOW_BELOW = ADDRESS_STALE_BURST / 2
 ADDRESS_TABLE_SIZE = 65_536
 
 ADMITTED, PROBATION, REFUSED = "admitted", "probation", "refused"
@@ -92,8 +90,9 @@ class Admission:
         self.probation = 0
         self._staleLoggedAt = -inf
         self._slowLoggedAt = -inf
-        # Per source address: [tokens left, last refill, next new connection's start].
-        self._staleBudgets: "OrderedDict[str, List[float]]" = OrderedDict()
+        # Per source address: [closes for the STALE limit (decaying), last
+        # decay, next new connection's start].
+        self._closes: "OrderedDict[str, List[float]]" = OrderedDict()
 
     # -- connections ---------------------------------------------------------
 
@@ -115,58 +114,58 @@ class Admission:
 
     # -- STALE answers -------------------------------------------------------
 
-    def stale(self, window: StaleWindow, host: str, now: float) -> bool:
+    def stale(self, window: StaleWindow, now: float) -> bool:
         """
-        Count a STALE answer to a connection from C{host} (its C{window}).
+        Count a STALE answer to a connection (its C{window}).
 
         @return: True when that connection must be closed (its own flood).
         """
-        budget = self._budget(host, now)
-        if budget[0] >= 1.0:
-            budget[0] -= 1.0
         return window.flooded(now)
 
-    def _budget(self, host: str, now: float) -> List[float]:
+    def _decayed(self, host: str, now: float) -> List[float]:
         """
-        C{host}'s [STALE answers left, last refill, next new connection's
-        start], refilled up to C{now}.
+        C{host}'s [closes, last decay, next new connection's start], its
+        closes decayed up to C{now}.
         """
-        budgets = self._staleBudgets
-        budget = budgets.get(host)
-        if budget is None:
-            budget = budgets[host] = [ADDRESS_STALE_BURST, now, -inf]
-            if len(budgets) > ADDRESS_TABLE_SIZE:
-                budgets.popitem(last=False)
-        else:
-            budgets.move_to_end(host)
-            budget[0] = min(ADDRESS_STALE_BURST,
-                            budget[0] + (now - budget[1]) * ADDRESS_STALE_RATE)
-            budget[1] = now
-        return budget
+        entry = self._closes[host]
+        self._closes.move_to_end(host)
+        entry[0] = max(0.0, entry[0] - (now - entry[1]) / CLOSE_DECAY)
+        entry[1] = now
+        return entry
 
     def readDelay(self, conn: Any, now: float) -> float:
         """
         How long to leave a new connection (C{conn}, from C{conn.host})
-        unread: 0 unless its address spent more than half its STALE budget.
+        unread: 0 unless connections of its address keep being closed for
+        the STALE limit.
         """
-        budget = self._staleBudgets.get(conn.host)
-        if budget is None:
+        if conn.host not in self._closes:
             return 0.0
-        budget = self._budget(conn.host, now)
-        if budget[0] >= SLOW_BELOW:
+        entry = self._decayed(conn.host, now)
+        if entry[0] < SLOW_AFTER_CLOSES:
             return 0.0
-        start = max(now, budget[2])
-        budget[2] = start + SLOW_STEP
+        start = max(now, entry[2])
+        entry[2] = start + SLOW_STEP
         if now - self._slowLoggedAt >= 60:
             self._slowLoggedAt = now
-            self.log.warn("new connections from {host} are read {step:g} s apart: its "
-                          "connections collected more than {rate:g} STALE answers a second "
+            self.log.warn("new connections from {host} are read {step:g} s apart: {closes} "
+                          "of its connections were closed for too many STALE answers "
                           "(guessing tokens over reconnects?); its live connections are "
                           "not concerned", host=conn.host, step=SLOW_STEP,
-                          rate=ADDRESS_STALE_RATE)
+                          closes=SLOW_AFTER_CLOSES)
         return start - now
 
     def staleFlood(self, conn: Any, now: float) -> None:
+        """
+        C{conn} is closed for its own STALE flood: count it against its
+        address (see L{readDelay}), and log (at most once a minute).
+        """
+        if conn.host in self._closes:
+            self._decayed(conn.host, now)[0] += 1.0
+        else:
+            self._closes[conn.host] = [1.0, now, -inf]
+            if len(self._closes) > ADDRESS_TABLE_SIZE:
+                self._closes.popitem(last=False)
         # At most one log line a minute: the closing itself is counted.
         if now - self._staleLoggedAt < 60:
             return

@@ -20,14 +20,14 @@ from zope.interface import implementer
 from lockservice.core import wire
 from lockservice.internals import END_OF_INPUT, plainSocket, sendNow
 from lockservice.server.admission import (  # noqa: F401 (re-exported for the tests)
-    ADDRESS_STALE_BURST,
-    ADDRESS_STALE_RATE,
     ADDRESS_TABLE_SIZE,
     ADMITTED,
+    CLOSE_DECAY,
     PEER_GRACE,
     PEER_RESERVE,
     PROBATION,
     REFUSED,
+    SLOW_AFTER_CLOSES,
     SLOW_STEP,
     STALE_LIMIT,
     STALE_WINDOW,
@@ -385,7 +385,10 @@ class LockProtocol(LineOnlyReceiver):
             request = wire.parseRequest(line, service.maxLease, service.maxWait)
         except wire.BadRequest as e:
             service.stats.errors += 1
-            self.write(e.answer())
+            if e.op == b"A" and e.key in self._pending:
+                self._answerInTurn(e.key, e.answer())
+            else:
+                self.write(e.answer())
             return
         if isinstance(request, wire.Acquire):
             self._acquire(request)
@@ -423,7 +426,7 @@ class LockProtocol(LineOnlyReceiver):
         if window is None:
             window = self._staleWindow = StaleWindow()
         admission = self.factory.admission
-        if admission.stale(window, self.host, now):
+        if admission.stale(window, now):
             self.service.stats.staleFloods += 1
             admission.staleFlood(self, now)
             self._close()
@@ -443,6 +446,17 @@ class LockProtocol(LineOnlyReceiver):
             self.finish(waiter, answer)
         elif self._queued > MAX_QUEUED_ACQUIRES:
             self._updateReading()
+
+    def _answerInTurn(self, key: bytes, answer: bytes) -> None:
+        """
+        Answer an acquire of C{key} refused before it reached the service
+        (malformed) behind this connection's earlier acquires of C{key}:
+        equal (op, key) are answered in send order (SPEC section 3).
+        """
+        refused = PendingAcquire(key, 0.0, self)
+        self._pending[key].append(refused)
+        self._queued += 1
+        self.finish(refused, answer)
 
     def finish(self, waiter: PendingAcquire, answer: bytes) -> None:
         """
