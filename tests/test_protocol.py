@@ -5,7 +5,7 @@ with a task.Clock driving leases and waits.
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import pytest
 from twisted.internet.task import Clock
@@ -665,6 +665,47 @@ def test_exhausted_tokens_at_hand_over_free_the_key_and_answer_waiters(node: Nod
     assert b.take() == b"E A k fencing token space exhausted\n"
     assert node.service.table.holder(b"k") is None
     assert node.service.table.waiterCount == 0
+
+
+def test_a_small_request_put_off_waits_behind_no_ones_backlog(node: Node) -> None:
+    """
+    Found from outside: 1,000 connections each sending 64 KiB of acquires
+    at once put a ping of another connection behind all their input (each
+    put-off connection's whole backlog was handled in turn): a worst ping
+    of 0.6 s.  Each put-off connection now handles a share of the budget
+    per iteration, cut at a line's end, in order.
+    """
+    node.factory.readBudget.budget = 2000
+    written: List[Tuple[str, int]] = []
+    bulk = [node.connect() for _ in range(4)]
+    late = node.connect()
+    for name, c in [("bulk", c) for c in bulk] + [("late", late)]:
+        write = c.transport.write
+
+        def logged(data: bytes, write: Any = write, name: str = name) -> None:
+            written.append((name, len(data)))
+            write(data)
+
+        c.transport.write = logged  # type: ignore[method-assign]
+    pings = b"".join(b"P %04d\n" % i for i in range(3000))  # 21,000 bytes each
+    for c in bulk:
+        c.proto.dataReceived(pings)  # the first read is handled whole; the others wait
+    late.proto.dataReceived(b"P late\n")
+    assert late.take() == b""  # put off: the budget of this iteration is spent
+    before = len(written)
+    node.clock.advance(0)  # every following iteration (task.Clock runs them all)
+    assert late.take() == b"P late\n"
+    # Answered in the first iteration after, behind 3 shares of 1 KiB, not
+    # behind the 63,000 bytes waiting before it.
+    answeredBefore = 0
+    for name, size in written[before:]:
+        if name == "late":
+            break
+        answeredBefore += size
+    assert answeredBefore <= 3 * 1024
+    for c in bulk:
+        assert c.take() == pings  # all of it, in order
+        assert c.transport.producerState == "producing"
 
 
 def test_input_past_the_budget_of_a_reactor_iteration_waits_for_the_next(node: Node) -> None:

@@ -68,6 +68,8 @@ PeerAcceptor = Callable[[Any, bytes], PeerHandler]
 # requests, some tens of milliseconds.
 READ_BUDGET = 256 * 1024
 RESET_AFTER = 32 * 1024
+# The least input a connection put off handles per iteration (a few lines).
+MIN_SHARE = 256
 
 # Backpressure also counts what the transport does not see: answers held
 # back for send order (behind an earlier acquire of the same key), and the
@@ -220,16 +222,29 @@ class LockProtocol(LineOnlyReceiver):
         return (self._heldBytes > MAX_HELD_BACK_BYTES or self._queued > MAX_QUEUED_ACQUIRES
                 or bool(self._putOff))
 
-    def readPutOff(self) -> None:
+    def readPutOff(self, share: int) -> None:
         """
-        A new reactor iteration: handle the input put off (see
-        L{ReadBudget}), then read again.
+        A new reactor iteration: handle up to C{share} bytes of the input
+        put off (see L{ReadBudget}), cut at a line's end; the rest waits
+        for the next iteration again, behind the other connections put off,
+        so one connection's small request never waits behind all of
+        another's backlog.  Read again once nothing is put off.
         """
         data, self._putOff = self._putOff, b""
         if self._lost:
             return
+        rest = b""
+        if len(data) > share:
+            cut = data.rfind(b"\n", 0, share) + 1 or share
+            data, rest = data[:cut], data[cut:]
         if data:
             self.dataReceived(data)
+        if rest and not self._lost:
+            if self._putOff:
+                self._putOff += rest  # put off again, and queued again, by dataReceived
+            else:
+                self._putOff = rest
+                self.factory.readBudget.requeue(self)
         self._updateReading()
 
     def _updateReading(self) -> None:
@@ -553,7 +568,8 @@ class ReadBudget:
     How much client input the node handles per reactor iteration
     (L{READ_BUDGET}), over all its connections.  A connection over budget
     stops reading, and its input is handled first thing in the next
-    iteration, in the order the connections were put off.
+    iterations, in the order the connections were put off, a fair share
+    of the budget each per iteration.
 
     What was spent resets at the next iteration, once it passes
     L{RESET_AFTER}: below that, no timer is set (most iterations of a busy
@@ -566,6 +582,7 @@ class ReadBudget:
         self.budget = budget
         self.spent = 0
         self.waiting: List["LockProtocol"] = []
+        self._served: List["LockProtocol"] = []
         self._next: Optional[IDelayedCall] = None
 
     def spend(self, protocol: "LockProtocol", size: int) -> bool:
@@ -583,12 +600,32 @@ class ReadBudget:
             self._next = self.clock.callLater(0, self._nextIteration)
         return True
 
+    def requeue(self, protocol: "LockProtocol") -> None:
+        """
+        C{protocol} handled its share of this iteration and still has
+        input put off: it goes on at a next iteration, behind the
+        connections that did not have their turn in this one.
+        """
+        self._served.append(protocol)
+
     def _nextIteration(self) -> None:
         self._next = None
         self.spent = 0
         waiting, self.waiting = self.waiting, []
+        # Round robin: each connection put off handles its share of this
+        # iteration's budget, so a connection with one request behind a
+        # thousand with 64 KiB each is answered in this iteration or the
+        # next, not after all of theirs (measured from outside: a worst
+        # ping of 0.6 s).  Those put off again without their turn (the
+        # budget ran out) lead the next iteration.
+        share = max(MIN_SHARE, self.budget // max(1, len(waiting)))
         for protocol in waiting:
-            protocol.readPutOff()
+            protocol.readPutOff(share)
+        served, self._served = self._served, []
+        if served:
+            self.waiting.extend(served)
+            if self._next is None:
+                self._next = self.clock.callLater(0, self._nextIteration)
 
 
 class LockFactory(Factory):
