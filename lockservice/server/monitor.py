@@ -32,7 +32,9 @@ from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.events import EventRing
 from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats
-from lockservice.core.waitfor import WaitForGraph
+from lockservice.core.table import READ as TABLE_READ
+from lockservice.core.table import READ_WRITE
+from lockservice.core.waitfor import READ, WRITE, SharedView, WaitForGraph
 
 # Why a queued acquire stopped waiting without a grant.
 TIMEOUT = ev.TIMEOUT
@@ -103,6 +105,27 @@ class ActivityObserver(Protocol):
                     holders: Iterable[Tuple[bytes, HeldKey]]) -> None: ...
 
 
+class SharedTable(Protocol):
+    """
+    What the monitor reads of the lock table for shared keys (only when a
+    deadlock is checked, never on a request's path).
+    """
+
+    def isShared(self, key: bytes) -> bool: ...
+
+    def kindOf(self, key: bytes) -> Optional[int]: ...
+
+    def holderCount(self, key: bytes) -> int: ...
+
+    def firstGrants(self, key: bytes, count: int
+                    ) -> List[Tuple[int, float, float, object, int]]: ...
+
+    def queueOf(self, key: bytes) -> Any: ...
+
+
+_SHARED_VIEW = ("isShared", "kindOf", "holderCount", "firstGrants", "queueOf")
+
+
 class Releaser(Protocol):
     """
     The part of the lock service that force-release needs.
@@ -154,12 +177,16 @@ class Monitor:
     def __init__(self, clock: IReactorTime, holderOf: Callable[[bytes], object],
                  wallTime: Callable[[], float] = time.time,
                  warnHold: Optional[float] = None, events: int = 10000,
-                 trackedKeys: int = 1000, seriesSpan: int = 300) -> None:
+                 trackedKeys: int = 1000, seriesSpan: int = 300,
+                 table: Optional["SharedTable"] = None) -> None:
         """
         @param holderOf: who holds a key now, as the lock table says: the
             holding connection (the wait-for graph's vertex), or None.  The
             graph keeps no copy of who holds what (a held key would cost
             it a dict entry).
+        @param table: the lock table, for the holders and queues of shared
+            keys (read locks, semaphores: deadlocks through them); by
+            default the table whose C{clientOf} C{holderOf} is.
         """
         self.clock = clock
         self.wallTime = wallTime
@@ -169,12 +196,22 @@ class Monitor:
         self._series = Series(seriesSpan)
         # Changes not yet folded into the three above (see fold).
         self._log: List[Tuple[Any, ...]] = []
-        self.graph = WaitForGraph(holderOf)
+        if table is None:
+            owner = getattr(holderOf, "__self__", None)
+            if all(hasattr(owner, name) for name in _SHARED_VIEW):
+                table = owner
+        self._table = table
+        if table is not None:
+            self.graph = WaitForGraph(holderOf, sharedOf=self._sharedOf,
+                                      isShared=table.isShared)
+        else:
+            self.graph = WaitForGraph(holderOf)
         self._checking: Optional[IDelayedCall] = None
         self.longHolds = 0
         self._longNow = 0  # flagged grants still held: /status is O(1)
         self.forceReleases = 0
-        self._held: Dict[bytes, _Held] = {}
+        # Per grant, (key, token): a shared key has several.
+        self._held: Dict[Tuple[bytes, int], _Held] = {}
         self._forcing: Optional[Tuple[bytes, int, str]] = None
         self._due: Deque[Tuple[float, bytes, int]] = deque()
         self._alarm: Optional[IDelayedCall] = None
@@ -310,8 +347,7 @@ class Monitor:
         if self.warnHold is not None:
             # Only long-hold checks need a record per grant: without
             # --warn-hold the table's holders are all there is per key.
-            self._forgetHeld(key)
-            self._held[key] = _Held(token, owner, now)
+            self._held[(key, token)] = _Held(token, owner, now)
         if waiter is not None:
             self.graph.unwait(key, waiter.conn)
             if conn is None:
@@ -324,11 +360,9 @@ class Monitor:
     def dropped(self, now: float, key: bytes, token: int, owner: Optional[str],
                 heldFor: float, expired: bool) -> None:
         if self._held:
-            held = self._held.get(key)
-            if held is not None and held.token == token:
-                self._forgetHeld(key)
-                if owner is None:
-                    owner = held.owner
+            held = self._forgetHeld(key, token)
+            if held is not None and owner is None:
+                owner = held.owner
         forcing = self._forcing
         forced = forcing[2] if forcing is not None and forcing[:2] == (key, token) else None
         log = self._log  # as _note, inline: this runs at every grant and release
@@ -367,7 +401,8 @@ class Monitor:
         if self.warnHold is None:
             return
         for key, holder in sorted(holders, key=lambda item: item[1].grantedAt):
-            self._held[key] = _Held(holder.token, holder.owner, holder.grantedAt)
+            self._held[(key, holder.token)] = _Held(holder.token, holder.owner,
+                                                    holder.grantedAt)
             self._watch(holder.grantedAt + self.warnHold, key, holder.token)
 
     # -- the cluster's event sink ----------------------------------------------
@@ -381,6 +416,23 @@ class Monitor:
         self._event(type, None, None, who, detail)
 
     # -- deadlocks -------------------------------------------------------------
+
+    def _sharedOf(self, key: bytes, cap: int) -> Optional[SharedView]:
+        """
+        The wait-for graph's view of a key held in shared form (None for
+        one in the one-holder form): at most C{cap} holders and waiters.
+        """
+        table = self._table
+        assert table is not None
+        if not table.isShared(key):
+            return None
+        kind = table.kindOf(key)
+        slots = kind if kind is not None and kind != READ_WRITE else 1
+        mode = READ if slots == 1 else WRITE
+        holders = [(grant[3], mode) for grant in table.firstGrants(key, cap)]
+        queue = [(waiter.client(), READ if waiter.share == TABLE_READ else WRITE)
+                 for waiter in islice(table.queueOf(key) or (), cap)]
+        return slots, holders, queue, table.holderCount(key) > len(holders)
 
     # Changes only note what to check; the search runs on a later reactor
     # turn, a budget of edges at a time, so a burst of thousands of waits
@@ -422,8 +474,7 @@ class Monitor:
             # Released grants leave their entries behind; drop them so
             # memory follows the held keys, not the grant rate.
             self._due = deque(entry for entry in self._due
-                              if (held := self._held.get(entry[1])) is not None
-                              and held.token == entry[2])
+                              if (entry[1], entry[2]) in self._held)
         if self._alarm is None:
             self._arm()
 
@@ -438,8 +489,8 @@ class Monitor:
         due = self._due
         while due and due[0][0] <= now:
             _, key, token = due.popleft()
-            held = self._held.get(key)
-            if held is None or held.token != token or held.long:
+            held = self._held.get((key, token))
+            if held is None or held.long:
                 continue  # released (or handed over) in time
             held.long = True
             self._longNow += 1
@@ -453,16 +504,17 @@ class Monitor:
         self._arm()
 
     def isLongHold(self, key: bytes, token: int) -> bool:
-        held = self._held.get(key)
-        return held is not None and held.token == token and held.long
+        held = self._held.get((key, token))
+        return held is not None and held.long
 
     def currentLongHolds(self) -> int:
         return self._longNow
 
-    def _forgetHeld(self, key: bytes) -> None:
-        held = self._held.pop(key, None)
+    def _forgetHeld(self, key: bytes, token: int) -> Optional[_Held]:
+        held = self._held.pop((key, token), None)
         if held is not None and held.long:
             self._longNow -= 1
+        return held
 
     def stop(self) -> None:
         if self._alarm is not None and self._alarm.active():
