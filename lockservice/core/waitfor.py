@@ -626,9 +626,9 @@ class WaitForGraph:
         # semaphore on it (each must be stuck); the waits it rests on:
         # every wait of each of them.
         members = set(ring)
-        for how, inside in via.values():
+        for how, blockers in via.values():
             if how == ANY:
-                members.update(inside)
+                members.update(blockers)
         support = frozenset((w, wait.key) for w in members for wait in waitsOf.get(w, ()))
         return Cycle(_rotated(steps), 0.0, via, support), stuck, cost
 
