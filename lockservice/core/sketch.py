@@ -156,10 +156,25 @@ class KeyStats:
         self.capacity = capacity
         self._slack = max(1, capacity // 4)
         self._records: Dict[bytes, KeyRecord] = {}
+        # The same dict, for a caller that counts a batch of events itself
+        # (the monitor's fold): read a record, and call L{record} for a key
+        # not in it.  Never replaced, so it may be kept.
+        self.records = self._records
         self.evicted = 0
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def record(self, key: bytes) -> KeyRecord:
+        """
+        C{key}'s record, made (and room made for it) when it has none; its
+        activity is the caller's to count.
+        """
+        record = self._records.get(key)
+        if record is None:
+            record = self._record(key)
+            record.activity -= 1
+        return record
 
     def _record(self, key: bytes) -> KeyRecord:
         record = self._records.get(key)
@@ -174,7 +189,8 @@ class KeyStats:
         ranked = sorted(self._records.items(), key=lambda item: item[1].activity,
                         reverse=True)
         self.evicted += len(ranked) - self.capacity
-        self._records = dict(ranked[:self.capacity])
+        self._records.clear()
+        self._records.update(ranked[:self.capacity])
 
     # -- the events counted --------------------------------------------------
 

@@ -243,6 +243,11 @@ class WaitForGraph:
         self.cycles: Dict[CycleId, Cycle] = {}
         self._byStep: Dict[Step, Set[CycleId]] = {}
         self._byKey: Dict[bytes, Set[CycleId]] = {}
+        # Read-only views for an observer's fast path (the monitor skips
+        # hold and unhold for a key in neither): keys waited for (count of
+        # waits), keys of reported cycles.
+        self.waitedFor: Dict[bytes, int] = self._waitedFor
+        self.cycleKeys: Dict[bytes, Set[CycleId]] = self._byKey
         self._pairs: Dict[Tuple[Client, Client], int] = {}  # consecutive in a cycle
         self._pending: Deque[Tuple[Any, ...]] = deque()
         self._suspects: Set[CycleId] = set()

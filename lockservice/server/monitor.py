@@ -146,8 +146,9 @@ DEADLOCKS_LISTED = 20
 # series even if nobody reads them (bounds the log's memory).
 FOLD_AT = 1024
 
-# The kinds of noted change (the first item of a log entry).
-_GRANTED, _DROPPED, _QUEUED, _ENDED, _RENEWED = range(5)
+# The kinds of noted change (the first item of a log entry; its second
+# is the monotonic time, its third the key, as the event ring wants).
+_GRANTED, _DROPPED, _QUEUED, _ENDED, _RENEWED, _EVENT = range(6)
 
 
 def _name(conn: Any) -> str:
@@ -191,7 +192,8 @@ class Monitor:
         self.clock = clock
         self.wallTime = wallTime
         self.warnHold = warnHold
-        self._events = EventRing(events)
+        self._events = EventRing(events, self._decoder)
+        self._queuedNoted = False  # a _QUEUED entry is in the log
         self._keys = KeyStats(trackedKeys)
         self._series = Series(seriesSpan)
         # Changes not yet folded into the three above (see fold).
@@ -206,6 +208,11 @@ class Monitor:
                                       isShared=table.isShared)
         else:
             self.graph = WaitForGraph(holderOf)
+        # The graph's keys waited for and keys of reported cycles: read on
+        # every grant and release, so that one of a key nobody waits for
+        # costs two dict look-ups here, not two calls into the graph.
+        self._waitedFor = self.graph.waitedFor
+        self._cycleKeys = self.graph.cycleKeys
         self._checking: Optional[IDelayedCall] = None
         self.longHolds = 0
         self._longNow = 0  # flagged grants still held: /status is O(1)
@@ -249,61 +256,96 @@ class Monitor:
     def fold(self) -> None:
         """
         Fold the noted changes into the events, statistics and series, in
-        the order they happened.  An event's wall-clock time is its
-        monotonic time moved by the current offset between the two clocks.
+        the order they happened.  The event ring takes the log's entries
+        as they are (L{_decoder} reads them when a page does); the
+        statistics and the series are counted here, one loop over the
+        batch with the per-key record read inline.
         """
         log, self._log = self._log, []
-        offset = self.wallTime() - self.clock.seconds()
-        add = self._events.add
+        if not log:
+            return
+        if self._queuedNoted:
+            # A queued acquire is counted, not an event.
+            self._queuedNoted = False
+            self._events.extend([entry for entry in log if entry[0] != _QUEUED])
+        else:
+            self._events.extend(log)
         keys = self._keys
+        records, recordOf = keys.records, keys.record
+        series = self._series
         # The series counts per whole second: a batch per second, not a
         # call per event.
         second = None
         grants = waits = holds = 0
         holdTotal = holdMax = 0.0
         for entry in log:
-            kind, now, key = entry[0], entry[1], entry[2]
+            kind, now = entry[0], entry[1]
             if now // 1 != second:
                 if second is not None:
-                    self._series.add(second, grants, waits, holds, holdTotal, holdMax)
+                    series.add(second, grants, waits, holds, holdTotal, holdMax)
                 second = now // 1
                 grants = waits = holds = 0
                 holdTotal = holdMax = 0.0
-            wall = now + offset
             if kind == _GRANTED:
-                _, _, _, token, owner, waited, queued = entry
-                keys.granted(key, waited)
+                key = entry[2]
+                record = records.get(key) or recordOf(key)
+                record.activity += 1
+                record.grants += 1
+                record.wait.add(entry[5])
                 grants += 1
-                if queued:
-                    add(wall, ev.GRANT, key, token, owner, "after waiting %.3f s", waited)
-                else:
-                    add(wall, ev.GRANT, key, token, owner)
             elif kind == _DROPPED:
-                _, _, _, token, owner, heldFor, expired, forced = entry
-                keys.dropped(key, heldFor, expired)
+                key, heldFor = entry[2], entry[5]
+                record = records.get(key) or recordOf(key)
+                record.activity += 1
+                if entry[6]:
+                    record.expiries += 1
+                else:
+                    record.releases += 1
+                record.hold.add(heldFor)
                 holds += 1
                 holdTotal += heldFor
                 if heldFor > holdMax:
                     holdMax = heldFor
-                if forced is not None:
-                    add(wall, ev.FORCE_RELEASE, key, token, owner, forced)
-                else:
-                    add(wall, ev.EXPIRY if expired else ev.RELEASE, key, token, owner,
-                        "after %.3f s", heldFor)
             elif kind == _QUEUED:
-                keys.queued(key)
+                keys.queued(entry[2])
                 waits += 1
-            elif kind == _ENDED:
-                _, _, _, who, waited, reason = entry
-                if reason == TIMEOUT:
-                    keys.timedOut(key, waited)
-                if reason in (TIMEOUT, WITHDRAWAL):
-                    add(wall, reason, key, None, who, "after %.3f s", waited)
-            else:
-                _, _, _, token, owner, lease = entry
-                add(wall, ev.RENEWAL, key, token, owner, "lease %.3f s", lease)
+            elif kind == _ENDED and entry[5] == TIMEOUT:
+                keys.timedOut(entry[2], entry[4])
+            # renewals and the other events: events only
         if second is not None:
-            self._series.add(second, grants, waits, holds, holdTotal, holdMax)
+            series.add(second, grants, waits, holds, holdTotal, holdMax)
+
+    def _decoder(self) -> Callable[[Tuple[Any, ...]], Tuple[Any, ...]]:
+        """
+        What turns a noted change into its event's fields, for one read
+        of the ring: its wall-clock time is its monotonic time moved by
+        the current offset between the two clocks.
+        """
+        offset = self.wallTime() - self.clock.seconds()
+
+        def decode(entry: Tuple[Any, ...]) -> Tuple[Any, ...]:
+            kind, wall, key = entry[0], entry[1] + offset, entry[2]
+            if kind == _GRANTED:
+                _, _, _, token, owner, waited, queued = entry
+                if queued:
+                    return wall, ev.GRANT, key, token, owner, "after waiting %.3f s", waited
+                return wall, ev.GRANT, key, token, owner, None, None
+            if kind == _DROPPED:
+                _, _, _, token, owner, heldFor, expired, forced = entry
+                if forced is not None:
+                    return wall, ev.FORCE_RELEASE, key, token, owner, forced, None
+                return (wall, ev.EXPIRY if expired else ev.RELEASE, key, token, owner,
+                        "after %.3f s", heldFor)
+            if kind == _ENDED:
+                _, _, _, who, waited, reason = entry
+                return wall, reason, key, None, who, "after %.3f s", waited
+            if kind == _RENEWED:
+                _, _, _, token, owner, lease = entry
+                return wall, ev.RENEWAL, key, token, owner, "lease %.3f s", lease
+            _, _, _, type, token, who, detail, seconds = entry  # _EVENT
+            return wall, type, key, token, who, detail, seconds
+
+        return decode
 
     def _note(self, entry: Tuple[Any, ...]) -> None:
         log = self._log
@@ -314,21 +356,21 @@ class Monitor:
     def _event(self, type: str, key: Optional[bytes] = None, token: Optional[int] = None,
                who: Optional[str] = None, detail: Optional[str] = None,
                seconds: Optional[float] = None) -> None:
-        # An event not noted by the hot path: after every noted one.
-        if self._log:
-            self.fold()
-        self._events.add(self.wallTime(), type, key, token, who, detail, seconds)
+        # An event not noted by the hot path, in order with those.
+        self._note((_EVENT, self.clock.seconds(), key, type, token, who, detail, seconds))
 
     # -- the activity observer -------------------------------------------------
 
     def queued(self, now: float, waiter: Waiter) -> None:
+        self._queuedNoted = True
         self._note((_QUEUED, now, waiter.key))
         self.graph.wait(waiter.key, waiter.conn)
         self._checkSoon()
 
     def waitEnded(self, now: float, waiter: Waiter, reason: str) -> None:
-        self._note((_ENDED, now, waiter.key, waiter.holderName(), now - waiter.queuedAt,
-                    reason))
+        if reason in (TIMEOUT, WITHDRAWAL):  # the events; a redirect is none
+            self._note((_ENDED, now, waiter.key, waiter.holderName(),
+                        now - waiter.queuedAt, reason))
         self.graph.unwait(waiter.key, waiter.conn)
         self._checkSoon()
 
@@ -348,14 +390,19 @@ class Monitor:
             # Only long-hold checks need a record per grant: without
             # --warn-hold the table's holders are all there is per key.
             self._held[(key, token)] = _Held(token, owner, now)
-        if waiter is not None:
-            self.graph.unwait(key, waiter.conn)
-            if conn is None:
-                conn = waiter.conn
-        self.graph.hold(key, conn)
-        self._checkSoon()
-        if self.warnHold is not None:
             self._watch(now + self.warnHold, key, token)
+        if waiter is not None:
+            graph = self.graph
+            graph.unwait(key, waiter.conn)
+            graph.hold(key, waiter.conn if conn is None else conn)
+            self._checkSoon()
+        elif key in self._waitedFor or key in self._cycleKeys:
+            # A grant at once to a key somebody waits for (a shared key's
+            # reader) or that a reported cycle ran through; any other
+            # grant at once changes nothing the graph looks at (as
+            # WaitForGraph.hold has it, without the call).
+            self.graph.hold(key, conn)
+            self._checkSoon()
 
     def dropped(self, now: float, key: bytes, token: int, owner: Optional[str],
                 heldFor: float, expired: bool) -> None:
@@ -369,8 +416,11 @@ class Monitor:
         log.append((_DROPPED, now, key, token, owner, heldFor, expired, forced))
         if len(log) >= FOLD_AT:
             self.fold()
-        self.graph.unhold(key)
-        self._checkSoon()
+        if key in self._cycleKeys:
+            # Only a reported cycle through key has anything to check (as
+            # WaitForGraph.unhold has it, without the call).
+            self.graph.unhold(key)
+            self._checkSoon()
 
     def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
                 expiresAt: float) -> None:
