@@ -151,7 +151,7 @@ def test_dashboard_shows_shared_keys(spawn, browser) -> None:  # type: ignore[no
     names = ["reader-1", "reader-2", "writer", "reader-3", "slot-a"]
     clients = [LineClient(node.port) for _ in names]
     try:
-        for client, name in zip(clients, names):
+        for client, name in zip(clients, names, strict=True):
             client.ask(b"I " + name.encode())
         r1, r2, w, r3, a = clients
         t1 = r1.ask(b"A reports/daily 300 0 r").split()[2].decode()

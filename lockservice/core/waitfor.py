@@ -98,6 +98,10 @@ CycleId = FrozenSet[Client]
 
 _WAIT, _HOLD, _RECHECK, _SHARED = 0, 1, 2, 3
 
+# Connection names whose client (an Instance, or the connection) is
+# remembered at once.
+NAMES_CACHED = 4096
+
 # What the graph is told of a key held in shared form (readers, or a
 # semaphore): its slots (1 for a read-write key), its holders and its
 # queue (FIFO) as (connection, READ or WRITE) pairs, at most the cap
@@ -232,6 +236,7 @@ class WaitForGraph:
         self._sharedKeys: Dict[bytes, None] = {}
         self._instances: "weakref.WeakValueDictionary[str, Instance]" = \
             weakref.WeakValueDictionary()
+        self._names: Dict[object, "Instance | bool"] = {}  # see _classify
         # A connection's client while it waits: fixed at its first wait, so
         # a rename (I) in between cannot split its waits over two clients.
         self._pinned: Dict[Client, Tuple[Client, int]] = {}
@@ -250,6 +255,7 @@ class WaitForGraph:
         self.cycleKeys: Dict[bytes, Set[CycleId]] = self._byKey
         self._pairs: Dict[Tuple[Client, Client], int] = {}  # consecutive in a cycle
         self._pending: Deque[Tuple[Any, ...]] = deque()
+        self.notes = self._pending  # read-only: a check is due while not empty
         self._suspects: Set[CycleId] = set()
         self.detected = 0
         self.unlisted = 0
@@ -268,12 +274,31 @@ class WaitForGraph:
         if pinned is not None:
             return pinned[0]
         name = getattr(conn, "name", None)
+        known = self._names.get(name)
+        if known is None:
+            known = self._classify(name)
+        return conn if known is False else known
+
+    def _classify(self, name: object) -> "Instance | bool":
+        """
+        C{name}'s L{Instance}, or False for a name that is not an
+        instance name; remembered for the next look-up (a bounded cache:
+        the regular expression and a new Instance per wait and grant cost
+        more than the rest of the graph's work on a contended key).  The
+        cache holds its Instances alive; when it is emptied, an Instance
+        still referred to stays the one of its name (the weak dictionary
+        keeps it), so clients still compare by identity.
+        """
+        if len(self._names) >= NAMES_CACHED:
+            self._names.clear()
         if not isInstanceName(name):
-            return conn
+            self._names[name] = False
+            return False
         assert isinstance(name, str)
         instance = self._instances.get(name)
         if instance is None:
             instance = self._instances[name] = Instance(name)
+        self._names[name] = instance
         return instance
 
     def holderOf(self, key: bytes) -> Optional[Client]:
@@ -335,8 +360,10 @@ class WaitForGraph:
         if self._sharedKeys and count == 1:
             self._note((_SHARED, who))
         holder = self.holderOf(key)
+        # Only a holder that waits itself can lead back to who: otherwise
+        # nothing to search now (its own wait, later, searches this edge).
         if count == 1 and holder is not None and holder is not who \
-                and (who, holder) not in self._pairs:
+                and holder in self._waits and (who, holder) not in self._pairs:
             self._note((_WAIT, who, key))
 
     def unwait(self, key: bytes, who: Client) -> None:

@@ -213,6 +213,7 @@ class Monitor:
         # costs two dict look-ups here, not two calls into the graph.
         self._waitedFor = self.graph.waitedFor
         self._cycleKeys = self.graph.cycleKeys
+        self._notes = self.graph.notes
         self._checking: Optional[IDelayedCall] = None
         self.longHolds = 0
         self._longNow = 0  # flagged grants still held: /status is O(1)
@@ -489,7 +490,7 @@ class Monitor:
     # never holds up other clients (SPEC section 7).
 
     def _checkSoon(self) -> None:
-        if self._checking is None and self.graph.pending:
+        if self._checking is None and self._notes:
             self._checking = self.clock.callLater(0, self._checkCycles)
 
     def _checkCycles(self) -> None:
