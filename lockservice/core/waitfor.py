@@ -355,11 +355,13 @@ class WaitForGraph:
         keys = self._waits.setdefault(who, {})
         count = keys[key] = keys.get(key, 0) + 1
         self._waitedFor[key] = self._waitedFor.get(key, 0) + 1
-        if self.isShared is not None and self.isShared(key):
+        holder = self.holderOf(key)
+        # A key in shared form has no one holder (holderOf says None):
+        # only then is it asked whether it is shared.
+        if holder is None and self.isShared is not None and self.isShared(key):
             self._sharedKeys[key] = None
         if self._sharedKeys and count == 1:
             self._note((_SHARED, who))
-        holder = self.holderOf(key)
         # Only a holder that waits itself can lead back to who: otherwise
         # nothing to search now (its own wait, later, searches this edge).
         if count == 1 and holder is not None and holder is not who \

@@ -308,7 +308,10 @@ class Monitor:
                 if heldFor > holdMax:
                     holdMax = heldFor
             elif kind == _QUEUED:
-                keys.queued(entry[2])
+                key = entry[2]
+                record = records.get(key) or recordOf(key)
+                record.activity += 1
+                record.waits += 1
                 waits += 1
             elif kind == _ENDED and entry[5] == TIMEOUT:
                 keys.timedOut(entry[2], entry[4])
@@ -364,9 +367,13 @@ class Monitor:
 
     def queued(self, now: float, waiter: Waiter) -> None:
         self._queuedNoted = True
-        self._note((_QUEUED, now, waiter.key))
+        log = self._log  # as _note, inline: this runs at every wait
+        log.append((_QUEUED, now, waiter.key))
+        if len(log) >= FOLD_AT:
+            self.fold()
         self.graph.wait(waiter.key, waiter.conn)
-        self._checkSoon()
+        if self._checking is None and self._notes:  # _checkSoon, inline
+            self._checkSoon()
 
     def waitEnded(self, now: float, waiter: Waiter, reason: str) -> None:
         if reason in (TIMEOUT, WITHDRAWAL):  # the events; a redirect is none
@@ -396,7 +403,8 @@ class Monitor:
             graph = self.graph
             graph.unwait(key, waiter.conn)
             graph.hold(key, waiter.conn if conn is None else conn)
-            self._checkSoon()
+            if self._checking is None and self._notes:  # _checkSoon, inline
+                self._checkSoon()
         elif key in self._waitedFor or key in self._cycleKeys:
             # A grant at once to a key somebody waits for (a shared key's
             # reader) or that a reported cycle ran through; any other
