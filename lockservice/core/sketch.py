@@ -32,7 +32,7 @@ class Sketch:
     MAX_BUCKETS = 80
     FLOOR = 1e-4
 
-    __slots__ = ("count", "total", "low", "high", "_buckets", "_zeros")
+    __slots__ = ("count", "total", "low", "high", "_buckets", "zeros")  # zeros: samples below FLOOR
 
     _LOG_GAMMA = math.log(GAMMA)
 
@@ -42,13 +42,16 @@ class Sketch:
         self.low = math.inf
         self.high = 0.0
         self._buckets: Dict[int, int] = {}
-        self._zeros = 0
+        self.zeros = 0
 
     def add(self, value: float) -> None:
         """
         Record one duration (seconds, >= 0).
         """
-        if value < 0 or value != value:
+        # The names it reads are module globals bound once (not class
+        # attributes and math's): the monitor calls this twice per
+        # acquire + release.
+        if not value >= 0.0:  # negative, or NaN
             value = 0.0
         self.count += 1
         self.total += value
@@ -56,13 +59,13 @@ class Sketch:
             self.low = value
         if value > self.high:
             self.high = value
-        if value < self.FLOOR:
-            self._zeros += 1
+        if value < _FLOOR:
+            self.zeros += 1
             return
-        index = math.ceil(math.log(value) / self._LOG_GAMMA)
+        index = _ceil(_log(value) / _LOG_GAMMA)
         buckets = self._buckets
         buckets[index] = buckets.get(index, 0) + 1
-        if len(buckets) > self.MAX_BUCKETS:
+        if len(buckets) > _MAX_BUCKETS:
             self._collapse()
 
     def _collapse(self) -> None:
@@ -83,7 +86,7 @@ class Sketch:
             return None
         # Nearest rank: the p99 of two samples is the larger one.
         rank = max(0, math.ceil(q * self.count) - 1)
-        seen = self._zeros
+        seen = self.zeros
         if rank < seen:
             return 0.0
         for index in sorted(self._buckets):
@@ -109,6 +112,12 @@ class Sketch:
             "p99": r(self.quantile(0.99)),
             "max": r(self.high) if self.count else None,
         }
+
+
+_FLOOR = Sketch.FLOOR
+_LOG_GAMMA = Sketch._LOG_GAMMA
+_MAX_BUCKETS = Sketch.MAX_BUCKETS
+_ceil, _log = math.ceil, math.log
 
 
 class KeyRecord:

@@ -274,27 +274,39 @@ class Monitor:
         keys = self._keys
         records, recordOf = keys.records, keys.record
         series = self._series
+        GRANTED, DROPPED, QUEUED, ENDED = _GRANTED, _DROPPED, _QUEUED, _ENDED  # locals
         # The series counts per whole second: a batch per second, not a
-        # call per event.
-        second = None
+        # call per event.  The log is in time order, so a second ends when
+        # an entry reaches the next one (and, should a time go back, when
+        # one is before it).
+        second = end = -1.0
         grants = waits = holds = 0
         holdTotal = holdMax = 0.0
         for entry in log:
             kind, now = entry[0], entry[1]
-            if now // 1 != second:
-                if second is not None:
+            if now >= end or now < second:
+                if grants or waits or holds:
                     series.add(second, grants, waits, holds, holdTotal, holdMax)
                 second = now // 1
+                end = second + 1
                 grants = waits = holds = 0
                 holdTotal = holdMax = 0.0
-            if kind == _GRANTED:
+            if kind == GRANTED:
                 key = entry[2]
                 record = records.get(key) or recordOf(key)
                 record.activity += 1
                 record.grants += 1
-                record.wait.add(entry[5])
+                waited = entry[5]
+                if waited == 0.0:
+                    # Sketch.add of a grant at once, inline (most grants)
+                    wait = record.wait
+                    wait.count += 1
+                    wait.zeros += 1
+                    wait.low = 0.0
+                else:
+                    record.wait.add(waited)
                 grants += 1
-            elif kind == _DROPPED:
+            elif kind == DROPPED:
                 key, heldFor = entry[2], entry[5]
                 record = records.get(key) or recordOf(key)
                 record.activity += 1
@@ -307,16 +319,16 @@ class Monitor:
                 holdTotal += heldFor
                 if heldFor > holdMax:
                     holdMax = heldFor
-            elif kind == _QUEUED:
+            elif kind == QUEUED:
                 key = entry[2]
                 record = records.get(key) or recordOf(key)
                 record.activity += 1
                 record.waits += 1
                 waits += 1
-            elif kind == _ENDED and entry[5] == TIMEOUT:
+            elif kind == ENDED and entry[5] == TIMEOUT:
                 keys.timedOut(entry[2], entry[4])
             # renewals and the other events: events only
-        if second is not None:
+        if grants or waits or holds:
             series.add(second, grants, waits, holds, holdTotal, holdMax)
 
     def _decoder(self) -> Callable[[Tuple[Any, ...]], Tuple[Any, ...]]:
