@@ -34,6 +34,13 @@ waits for each other are neither searched nor reported again.  It is
 forgotten when its clients no longer form a cycle, so one that forms again
 later is reported again.
 
+Shared keys (read locks, semaphores: see L{keyWaits} below) have several
+holders: given C{sharedOf}, the graph also checks, on every wait and
+hand-over while a shared key is waited for, the clients reachable from
+the one concerned (a bounded breadth-first walk) with L{deadlockedClients},
+and reports a cycle of the deadlocked set found (L{Cycle.via} says how
+each shared step waits).
+
 Detect, never break: nothing here changes who holds what.  A client waiting
 for a key it holds itself is not a cycle (the lease ends it).  Pure: no
 clock, the caller gives the time.
@@ -676,8 +683,10 @@ class WaitForGraph:
 
     def _recheckShared(self, cid: CycleId, cycle: Cycle, now: float,
                        found: List[Cycle]) -> int:
-        start = cycle.steps[0][0]
-        again, stuck, cost = self._sharedDeadlock(start) if start in self._waits \
+        # From a client of it that still waits (the first one's wait may be
+        # the one that ended, and the others still be stuck).
+        start = next((who for who, _ in cycle.steps if who in self._waits), None)
+        again, stuck, cost = self._sharedDeadlock(start) if start is not None \
             else (None, None, 1)
         if stuck is not None and cid <= stuck and again is not None \
                 and _cidOf(again) == cid:

@@ -7,10 +7,14 @@ force-release.
 
 L{Monitor} is told of every change by the L{LockService} (it is one of
 its C{activity} observers).  On that hot path it only notes the change (one
-tuple appended to a log) and keeps the wait-for graph current; the event
-ring, the per-key statistics and the per-second series are derived from
-the log when something reads them (a page, a check), or when it reaches
-L{FOLD_AT} entries, so they cost little per request.  It is also told
+tuple appended to a log) and keeps the wait-for graph current (for a key
+nobody waits for, two dict look-ups); the event ring, the per-key
+statistics and the per-second series are derived from the log when
+something reads them (a page, a check), or when it reaches L{FOLD_AT}
+entries, so they cost little per request.  The ring keeps the log's
+entries as they are and makes events of them only when they are read.
+Deadlocks through shared keys (read locks, semaphores) are found from the
+table's holders and queues (L{SharedTable}), read only when a check runs.  It is also told
 of the cluster's events (L{Monitor.clusterEvent}); it never changes the
 table itself except through the service's normal
 release path (force-release), so replication and the other observers see
