@@ -547,3 +547,32 @@ def test_a_semaphore_whose_holders_were_cut_makes_no_false_deadlock() -> None:
     g.wait(b"t", "h1")
     g.wait(b"t", "h2")
     assert g.check(0.0) == [] and g.cycles == {}
+
+
+def test_a_burst_of_waits_on_a_big_shared_key_reads_it_once_per_check() -> None:
+    """
+    1,000 readers queue behind a writer on a key 500 readers hold: the
+    checks of one call share the key's view (read once), and a client's
+    checks through shared keys are noted once while pending.
+    """
+    t = SharedTable()
+    holders = [(f"h{i}", READ) for i in range(500)]
+    queue = [("w", WRITE)] + [(f"r{i}", READ) for i in range(1000)]
+    t.keys[b"k"] = (1, holders, queue)
+    reads = []
+    sharedOf = t.sharedOf
+
+    def counted(key: bytes, cap: int) -> Any:
+        reads.append(key)
+        return sharedOf(key, cap)
+
+    g = WaitForGraph(t.plain.get, sharedOf=counted, isShared=lambda key: key in t.keys)
+    for who, _ in queue:
+        g.wait(b"k", who)
+    g.hold(b"k", "w")  # w's shared check is pending already: only the exclusive one
+    assert g.pending == len(queue) + 1
+    calls = 0
+    while g.pending:
+        assert g.check(0.0, budget=100000) == []
+        calls += 1
+    assert len(reads) == calls < 20  # once per call, not once per check (1,002)

@@ -241,6 +241,8 @@ class WaitForGraph:
         # checked through shared keys (a cycle through one may close
         # anywhere).
         self._sharedKeys: Dict[bytes, None] = {}
+        self._sharedNoted: Set[Client] = set()  # clients with a _SHARED note pending
+        self._keyCache: Dict[bytes, Any] = {}  # see check
         self._instances: "weakref.WeakValueDictionary[str, Instance]" = \
             weakref.WeakValueDictionary()
         self._names: Dict[object, "Instance | bool"] = {}  # see _classify
@@ -343,7 +345,7 @@ class WaitForGraph:
         who = self.clientOf(who)
         if who is not None and who in self._waits:
             if self._sharedKeys:
-                self._note((_SHARED, who))
+                self._noteShared(who)
             self._note((_HOLD, key, who))
 
     def unhold(self, key: bytes) -> None:
@@ -368,7 +370,7 @@ class WaitForGraph:
         if holder is None and self.isShared is not None and self.isShared(key):
             self._sharedKeys[key] = None
         if self._sharedKeys and count == 1:
-            self._note((_SHARED, who))
+            self._noteShared(who)
         # Only a holder that waits itself can lead back to who: otherwise
         # nothing to search now (its own wait, later, searches this edge).
         if count == 1 and holder is not None and holder is not who \
@@ -409,6 +411,7 @@ class WaitForGraph:
         self._pinned.clear()
         self._waitedFor.clear()
         self._sharedKeys.clear()
+        self._sharedNoted.clear()
         self.cycles.clear()
         self._byStep.clear()
         self._byKey.clear()
@@ -418,9 +421,19 @@ class WaitForGraph:
 
     def _note(self, item: Tuple[Any, ...]) -> None:
         if len(self._pending) >= self.maxPending:
-            self._pending.popleft()
+            dropped = self._pending.popleft()
             self.skipped += 1
+            if dropped[0] == _SHARED:
+                self._sharedNoted.discard(dropped[1])
+            elif dropped[0] == _RECHECK:
+                self._suspects.discard(dropped[1])
         self._pending.append(item)
+
+    def _noteShared(self, who: Client) -> None:
+        # One check through shared keys per client waiting for it.
+        if who not in self._sharedNoted:
+            self._sharedNoted.add(who)
+            self._note((_SHARED, who))
 
     def _suspect(self, cid: CycleId) -> None:
         if cid not in self._suspects:
@@ -445,16 +458,24 @@ class WaitForGraph:
         """
         found: List[Cycle] = []
         pending = self._pending
-        while pending and budget > 0:
-            item = pending.popleft()
-            if item[0] == _WAIT:
-                budget -= self._checkWait(item[1], item[2], now, found)
-            elif item[0] == _HOLD:
-                budget -= self._checkHold(item[1], item[2], now, found)
-            elif item[0] == _SHARED:
-                budget -= self._checkShared(item[1], now, found)
-            else:
-                budget -= self._recheck(item[1], now, found)
+        # The keys' waits read by this call's checks through shared keys:
+        # the table does not change meanwhile, so a burst of waits on one
+        # big shared key reads its holders and queue once, not once each.
+        self._keyCache = {}
+        try:
+            while pending and budget > 0:
+                item = pending.popleft()
+                if item[0] == _WAIT:
+                    budget -= self._checkWait(item[1], item[2], now, found)
+                elif item[0] == _HOLD:
+                    budget -= self._checkHold(item[1], item[2], now, found)
+                elif item[0] == _SHARED:
+                    self._sharedNoted.discard(item[1])
+                    budget -= self._checkShared(item[1], now, found)
+                else:
+                    budget -= self._recheck(item[1], now, found)
+        finally:
+            self._keyCache = {}
         return found
 
     def _checkWait(self, who: Client, key: bytes, now: float, found: List[Cycle]) -> int:
@@ -586,7 +607,7 @@ class WaitForGraph:
         in time is given no waits, so it counts as one that finishes
         (this can miss a deadlock, never make a false one).
         """
-        cache: Dict[bytes, _KeyWaits] = {}
+        cache = self._keyCache
         waits: List[Tuple[Client, Wait]] = []
         seen: Set[Client] = {start}
         todo: Deque[Client] = deque([start])
