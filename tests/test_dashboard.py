@@ -138,3 +138,54 @@ def test_dashboard_renders_a_busy_node(spawn, browser, tmp_path) -> None:  # typ
     finally:
         for c in clients:
             c.close()
+
+
+def test_dashboard_shows_shared_keys(spawn, browser) -> None:  # type: ignore[no-untyped-def]
+    """
+    A read lock held by two readers with a writer and a reader queued, and
+    a semaphore: each row says the key's kind, lists every holder with its
+    token, and each waiter's mode.
+    """
+    http = freePort()
+    node = spawn(args=["--http", f"tcp:{http}:interface=127.0.0.1"])
+    names = ["reader-1", "reader-2", "writer", "reader-3", "slot-a"]
+    clients = [LineClient(node.port) for _ in names]
+    try:
+        for client, name in zip(clients, names, strict=True):
+            client.ask(b"I " + name.encode())
+        r1, r2, w, r3, a = clients
+        t1 = r1.ask(b"A reports/daily 300 0 r").split()[2].decode()
+        t2 = r2.ask(b"A reports/daily 300 0 r").split()[2].decode()
+        w.send(b"A reports/daily 60 0\n")
+        r3.send(b"A reports/daily 60 0 r\n")
+        a.ask(b"A pool 300 0 3")
+
+        def ready() -> bool:
+            import json
+            import urllib.request
+
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/status", timeout=5) as r:
+                data = json.loads(r.read())
+            return data["waiters"] == 2 and data["shared_grants"] == 3
+
+        waitFor(ready, 20, what="two readers, a semaphore slot and two waiters")
+        dom = renderedDOM(browser, f"http://127.0.0.1:{http}/")
+        row = re.search(r'<tr data-key="reports/daily"[^>]*>(.*?)</tr>', dom, re.S)
+        assert row, dom
+        assert '<span class="kind kind-read-write">read-write: 2 readers</span>' in row.group(1)
+        holders = re.findall(r'<li class="holder-item">([^<]*)</li>', row.group(1))
+        assert [h.split(" (")[0] for h in holders] == ["reader-1", "reader-2"]
+        assert f"token {t1}," in holders[0] and f"token {t2}," in holders[1]
+        waiters = re.findall(r'<li class="waiter">([^<]*)</li>', row.group(1))
+        assert [x.split(" (")[0] for x in waiters] == ["writer · writer", "reader-3 · reader"]
+        pool = re.search(r'<tr data-key="pool"[^>]*>(.*?)</tr>', dom, re.S)
+        assert pool and '<span class="kind kind-semaphore">semaphore 1/3</span>' in pool.group(1)
+        assert re.search(r'<b id="shared">3</b>', dom)
+        filtered = renderedDOM(browser, f"http://127.0.0.1:{http}/#filter=reader-2")
+        assert re.findall(r'<tr data-key="([^"]*)"', filtered) == ["reports/daily"]
+        if os.environ.get("LOCKSERVICE_SCREENSHOT_SHARED"):
+            screenshot(browser, f"http://127.0.0.1:{http}/",
+                       os.environ["LOCKSERVICE_SCREENSHOT_SHARED"])
+    finally:
+        for c in clients:
+            c.close()

@@ -113,10 +113,16 @@ def test_locks_says_who_holds_what(node: ProtocolNode) -> None:
         "granted_at": 1_700_000_000.0, "age_seconds": 4, "remaining_seconds": 38,
         "renewals": 1, "long_hold": False, "queue_length": 2,
         "waiters": [
-            {"who": "bob", "lease_seconds": 20, "waited_seconds": 3},
-            {"who": f"{peer.host}:{peer.port}", "lease_seconds": 5, "waited_seconds": 2},
+            {"who": "bob", "lease_seconds": 20, "waited_seconds": 3, "mode": "exclusive"},
+            {"who": f"{peer.host}:{peer.port}", "lease_seconds": 5, "waited_seconds": 2,
+             "mode": "exclusive"},
         ],
         "waiters_truncated": False,
+        # Added for shared keys (issue 22): an exclusive key's one grant.
+        "kind": "exclusive", "slots": None, "holder_count": 1, "holders_truncated": False,
+        "holders": [{"token": 1_700_000_000_000_000, "holder": "alice", "mode": "exclusive",
+                     "granted_at": 1_700_000_000.0, "age_seconds": 4,
+                     "remaining_seconds": 38, "renewals": 1, "long_hold": False}],
     }
     assert byKey["orders/2"]["remaining_seconds"] == 6
     assert byKey["orders/2"]["waiters"] == []

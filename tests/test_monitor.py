@@ -354,3 +354,34 @@ def test_a_pause_in_handing_off_forgets_nothing(log: List[str]) -> None:
     m.roleChanged(1011, "standby", [])
     assert m.deadlocks() == [] and not m.isLongHold(b"k1", 1)
     assert not clock.getDelayedCalls()
+
+
+def test_the_fold_counts_as_the_statistics_would_one_by_one() -> None:
+    """
+    The fold counts a batch of changes inline (issue 20 item 2): the same
+    statistics and series as KeyStats and Series fed one change at a time.
+    """
+    from lockservice.core.series import Series
+    from lockservice.core.sketch import KeyStats
+
+    m = monitor()
+    keys, series = KeyStats(), Series()
+    waits = [0.0, 0.0, 2e-5, 0.25, 0.0, 3.0]
+    holds = [1e-5, 0.5, 0.0, 2.0, 7.25, 0.125]
+    for i, (waited, held) in enumerate(zip(waits, holds, strict=True)):
+        at = 1000.0 + i * 0.4
+        w = NamedWaiter(b"k", "bob", queuedAt=at - waited) if waited else None
+        if w is not None:
+            m.queued(at - waited, w)
+            keys.queued(b"k")
+            series.queued(at - waited)
+        m.granted(at, b"k", i, "bob", w, waited, conn("bob"))
+        keys.granted(b"k", waited)
+        series.granted(at)
+        m.dropped(at + held, b"k", i, "bob", held, expired=i == 3)
+        keys.dropped(b"k", held, i == 3)
+        series.held(at + held, held)
+    got, want = m.keys.get(b"k"), keys.get(b"k")
+    assert got is not None and want is not None
+    assert got.asDict() == want.asDict() and got.activity == want.activity
+    assert m.series.last(1010.0, 12) == series.last(1010.0, 12)

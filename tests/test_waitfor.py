@@ -474,3 +474,105 @@ def test_any_of_nothing_is_met_and_a_chain_unwinds() -> None:
     chain = [(i, Wait(ALL, frozenset({i + 1}))) for i in range(10000)]
     assert deadlockedClients(chain) == set()
     assert deadlockedClients(chain + [(10000, Wait(ALL, frozenset({0})))]) == set(range(10001))
+
+
+def test_key_waits_cost_stays_linear_in_the_queue() -> None:
+    """
+    A long queue of readers and writers mixed: the waits' blockers add up
+    to O(queue), not O(queue x writers) (each reader waits for the last
+    writer ahead, each writer for the run since the one before it).
+    """
+    queue = [(i, READ if i % 3 else WRITE) for i in range(30000)]
+    waits = keyWaits(b"k", [("h1", READ), ("h2", READ)], queue)
+    assert sum(len(w.blockers) for _, w in waits) <= 2 * len(queue)
+    assert waits[1][1].blockers == frozenset({0})  # reader 1: writer 0 ahead
+    assert waits[3][1].blockers == frozenset({0, 1, 2})  # writer 3: the run since 0
+    assert waits[0][1].blockers == frozenset({"h1", "h2"})
+
+
+class SharedTable:
+    """
+    A table of shared keys for the graph: per key, its slots, holders and
+    queue as (client, mode); C{cut} keys say their holders were cut at the
+    cap (as a semaphore with more holders than the cap).
+    """
+
+    def __init__(self) -> None:
+        self.keys: dict = {}  # type: ignore[type-arg]
+        self.plain: dict = {}  # type: ignore[type-arg]
+        self.cut: set = set()  # type: ignore[type-arg]
+
+    def sharedOf(self, key: bytes, cap: int) -> Any:
+        if key not in self.keys:
+            return None
+        slots, holders, queue = self.keys[key]
+        if key in self.cut:
+            return slots, holders[:cap], queue[:cap], True
+        return slots, holders[:cap], queue[:cap], False
+
+    def graph(self) -> WaitForGraph:
+        return WaitForGraph(self.plain.get, sharedOf=self.sharedOf,
+                            isShared=lambda key: key in self.keys)
+
+
+def test_the_graph_finds_a_deadlock_through_every_holder_of_a_semaphore() -> None:
+    t = SharedTable()
+    t.keys[b"s"] = (2, [("h1", WRITE), ("h2", WRITE)], [("q", WRITE)])
+    t.plain[b"t"] = "q"
+    g = t.graph()
+    g.wait(b"s", "q")
+    g.wait(b"t", "h1")
+    assert g.check(0.0) == []  # h2 frees a slot
+    g.wait(b"t", "h2")
+    [cycle] = g.check(1.0)
+    assert cycle.shared and cycle.since == 1.0
+    assert cycle.asDict()["deadlocked"] == ["h1", "h2", "q"]
+    assert g.check(2.0) == [] and g.detected == 1
+    # h2's wait ends: the deadlock is gone (checked again, forgotten).
+    g.unwait(b"t", "h2")
+    assert g.check(3.0) == [] and g.cycles == {}
+
+
+def test_a_semaphore_whose_holders_were_cut_makes_no_false_deadlock() -> None:
+    """
+    Past the cap, a semaphore's holders are not all known: its waiters'
+    ANY waits are left out (any holder not seen may free a slot).
+    """
+    t = SharedTable()
+    t.keys[b"s"] = (2, [("h1", WRITE), ("h2", WRITE)], [("q", WRITE)])
+    t.plain[b"t"] = "q"
+    t.cut.add(b"s")
+    g = t.graph()
+    g.wait(b"s", "q")
+    g.wait(b"t", "h1")
+    g.wait(b"t", "h2")
+    assert g.check(0.0) == [] and g.cycles == {}
+
+
+def test_a_burst_of_waits_on_a_big_shared_key_reads_it_once_per_check() -> None:
+    """
+    1,000 readers queue behind a writer on a key 500 readers hold: the
+    checks of one call share the key's view (read once), and a client's
+    checks through shared keys are noted once while pending.
+    """
+    t = SharedTable()
+    holders = [(f"h{i}", READ) for i in range(500)]
+    queue = [("w", WRITE)] + [(f"r{i}", READ) for i in range(1000)]
+    t.keys[b"k"] = (1, holders, queue)
+    reads = []
+    sharedOf = t.sharedOf
+
+    def counted(key: bytes, cap: int) -> Any:
+        reads.append(key)
+        return sharedOf(key, cap)
+
+    g = WaitForGraph(t.plain.get, sharedOf=counted, isShared=lambda key: key in t.keys)
+    for who, _ in queue:
+        g.wait(b"k", who)
+    g.hold(b"k", "w")  # w's shared check is pending already: only the exclusive one
+    assert g.pending == len(queue) + 1
+    calls = 0
+    while g.pending:
+        assert g.check(0.0, budget=100000) == []
+        calls += 1
+    assert len(reads) == calls < 20  # once per call, not once per check (1,002)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 GRANT = "grant"
 RELEASE = "release"
@@ -71,20 +71,37 @@ class Event:
         }
 
 
-_Entry = Tuple[int, float, str, Optional[bytes], Optional[int], Optional[str],
-               Optional[str], Optional[float]]
+# What the ring keeps per event: (time, type, key, token, who, detail,
+# seconds) as add() records it, or an entry of its owner's own form
+# (extend), which its decoder turns into that.  The key is always at
+# index 2 (a reader may ask for one key's events).
+_Entry = Tuple[Any, ...]
+_Fields = Tuple[float, str, Optional[bytes], Optional[int], Optional[str], Optional[str],
+                Optional[float]]
+
+
+def _asIs(entry: _Entry) -> _Fields:
+    return entry  # type: ignore[return-value]
 
 
 class EventRing:
     """
     The last C{capacity} events.  Sequence numbers start at 1 and rise by
-    one per event, so the event after C{since} is found in O(1).
+    one per event, so the event after C{since} is found in O(1): an
+    event's number is not stored, it follows from its place in the ring.
+
+    @ivar decoder: made once per read, gives the function that turns an
+        entry added by L{extend} into the event's fields (the owner's
+        entries are stored as they come, so adding costs no tuple per
+        event).
     """
 
-    def __init__(self, capacity: int = 10000) -> None:
+    def __init__(self, capacity: int = 10000,
+                 decoder: Optional[Callable[[], Callable[[_Entry], _Fields]]] = None) -> None:
         self.capacity = capacity
         self._events: Deque[_Entry] = deque(maxlen=capacity)
         self.last = 0  # the sequence number of the newest event (0: none yet)
+        self.decoder = decoder or (lambda: _asIs)
 
     def __len__(self) -> int:
         return len(self._events)
@@ -97,7 +114,15 @@ class EventRing:
         (C{"after %.3f s"}), formatted only if the event is read.
         """
         self.last += 1
-        self._events.append((self.last, time, type, key, token, who, detail, seconds))
+        self._events.append((time, type, key, token, who, detail, seconds))
+
+    def extend(self, entries: List[_Entry]) -> None:
+        """
+        Record C{entries} as events, in order, as they are: the ring's
+        L{decoder} reads them.
+        """
+        self._events.extend(entries)
+        self.last += len(entries)
 
     @property
     def oldest(self) -> int:
@@ -105,7 +130,7 @@ class EventRing:
         The sequence number of the oldest event still in the ring (that of
         the next event when the ring is empty).
         """
-        return self._events[0][0] if self._events else self.last + 1
+        return self.last - len(self._events) + 1
 
     def missed(self, since: int) -> int:
         """
@@ -126,15 +151,16 @@ class EventRing:
         events = self._events
         if not events or since >= self.last:
             return [], max(since, 0) if since <= self.last else self.last
-        first = events[0][0]
+        first = self.oldest
         start = max(0, since - first + 1)
+        decode = self.decoder()
         found: List[Event] = []
         nxt = self.last
-        for entry in islice(events, start, None):
-            if key is not None and entry[3] != key:
+        for seq, entry in enumerate(islice(events, start, None), first + start):
+            if key is not None and entry[2] != key:
                 continue
             if len(found) >= limit:
                 nxt = found[-1].seq
                 break
-            found.append(Event(*entry))
+            found.append(Event(seq, *decode(entry)))
         return found, nxt

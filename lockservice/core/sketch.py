@@ -32,7 +32,7 @@ class Sketch:
     MAX_BUCKETS = 80
     FLOOR = 1e-4
 
-    __slots__ = ("count", "total", "low", "high", "_buckets", "_zeros")
+    __slots__ = ("count", "total", "low", "high", "_buckets", "zeros")  # zeros: samples below FLOOR
 
     _LOG_GAMMA = math.log(GAMMA)
 
@@ -42,13 +42,16 @@ class Sketch:
         self.low = math.inf
         self.high = 0.0
         self._buckets: Dict[int, int] = {}
-        self._zeros = 0
+        self.zeros = 0
 
     def add(self, value: float) -> None:
         """
         Record one duration (seconds, >= 0).
         """
-        if value < 0 or value != value:
+        # The names it reads are module globals bound once (not class
+        # attributes and math's): the monitor calls this twice per
+        # acquire + release.
+        if not value >= 0.0:  # negative, or NaN
             value = 0.0
         self.count += 1
         self.total += value
@@ -56,13 +59,13 @@ class Sketch:
             self.low = value
         if value > self.high:
             self.high = value
-        if value < self.FLOOR:
-            self._zeros += 1
+        if value < _FLOOR:
+            self.zeros += 1
             return
-        index = math.ceil(math.log(value) / self._LOG_GAMMA)
+        index = _ceil(_log(value) / _LOG_GAMMA)
         buckets = self._buckets
         buckets[index] = buckets.get(index, 0) + 1
-        if len(buckets) > self.MAX_BUCKETS:
+        if len(buckets) > _MAX_BUCKETS:
             self._collapse()
 
     def _collapse(self) -> None:
@@ -83,7 +86,7 @@ class Sketch:
             return None
         # Nearest rank: the p99 of two samples is the larger one.
         rank = max(0, math.ceil(q * self.count) - 1)
-        seen = self._zeros
+        seen = self.zeros
         if rank < seen:
             return 0.0
         for index in sorted(self._buckets):
@@ -109,6 +112,12 @@ class Sketch:
             "p99": r(self.quantile(0.99)),
             "max": r(self.high) if self.count else None,
         }
+
+
+_FLOOR = Sketch.FLOOR
+_LOG_GAMMA = Sketch._LOG_GAMMA
+_MAX_BUCKETS = Sketch.MAX_BUCKETS
+_ceil, _log = math.ceil, math.log
 
 
 class KeyRecord:
@@ -156,10 +165,25 @@ class KeyStats:
         self.capacity = capacity
         self._slack = max(1, capacity // 4)
         self._records: Dict[bytes, KeyRecord] = {}
+        # The same dict, for a caller that counts a batch of events itself
+        # (the monitor's fold): read a record, and call L{record} for a key
+        # not in it.  Never replaced, so it may be kept.
+        self.records = self._records
         self.evicted = 0
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def record(self, key: bytes) -> KeyRecord:
+        """
+        C{key}'s record, made (and room made for it) when it has none; its
+        activity is the caller's to count.
+        """
+        record = self._records.get(key)
+        if record is None:
+            record = self._record(key)
+            record.activity -= 1
+        return record
 
     def _record(self, key: bytes) -> KeyRecord:
         record = self._records.get(key)
@@ -174,7 +198,8 @@ class KeyStats:
         ranked = sorted(self._records.items(), key=lambda item: item[1].activity,
                         reverse=True)
         self.evicted += len(ranked) - self.capacity
-        self._records = dict(ranked[:self.capacity])
+        self._records.clear()
+        self._records.update(ranked[:self.capacity])
 
     # -- the events counted --------------------------------------------------
 

@@ -1295,6 +1295,26 @@ class LockTable:
         return [(token, grant.grantedAt, grant.expiresAt, share)
                 for token, grant in reversed(shared.grants.items())]
 
+    def firstGrants(self, key: bytes, count: int
+                    ) -> List[Tuple[int, float, float, object, int]]:
+        """
+        C{(token, grantedAt, expiresAt, client, renewals)} of at most
+        C{count} grants of C{key}, oldest (lowest token) first: what the
+        operator's view lists, bounded however many grants a shared key
+        has.  Empty when free.
+        """
+        slot = self._keys.get(key)
+        if slot is None or count <= 0:
+            return []
+        shared = self._sharedAt(slot)
+        if shared is None:
+            extra = self._clients[slot]
+            renewals = extra.renewals if type(extra) is _Extra else 0
+            return [(self._tokens[slot], self._granted[slot], self._expires[slot],
+                     self._clientAt(slot), renewals)]
+        return [(token, grant.grantedAt, grant.expiresAt, grant.client, grant.renewals)
+                for token, grant in islice(shared.grants.items(), count)]
+
     def shareOf(self, key: bytes, token: int) -> int:
         """
         How the grant C{token} of C{key} holds it (L{EXCLUSIVE}, L{READ} or

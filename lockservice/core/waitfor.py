@@ -34,6 +34,13 @@ waits for each other are neither searched nor reported again.  It is
 forgotten when its clients no longer form a cycle, so one that forms again
 later is reported again.
 
+Shared keys (read locks, semaphores: see L{keyWaits} below) have several
+holders: given C{sharedOf}, the graph also checks, on every wait and
+hand-over while a shared key is waited for, the clients reachable from
+the one concerned (a bounded breadth-first walk) with L{deadlockedClients},
+and reports a cycle of the deadlocked set found (L{Cycle.via} says how
+each shared step waits).
+
 Detect, never break: nothing here changes who holds what.  A client waiting
 for a key it holds itself is not a cycle (the lease ends it).  Pure: no
 clock, the caller gives the time.
@@ -96,7 +103,17 @@ def isInstanceName(name: object) -> bool:
 Step = Tuple[Client, bytes]  # (client, the key it waits for)
 CycleId = FrozenSet[Client]
 
-_WAIT, _HOLD, _RECHECK = 0, 1, 2
+_WAIT, _HOLD, _RECHECK, _SHARED = 0, 1, 2, 3
+
+# Connection names whose client (an Instance, or the connection) is
+# remembered at once.
+NAMES_CACHED = 4096
+
+# What the graph is told of a key held in shared form (readers, or a
+# semaphore): its slots (1 for a read-write key), its holders and its
+# queue (FIFO) as (connection, READ or WRITE) pairs, at most the cap
+# asked for of each; and whether its holders were cut at the cap.
+SharedView = Tuple[int, List[Tuple[Client, str]], List[Tuple[Client, str]], bool]
 
 
 class Cycle:
@@ -106,11 +123,27 @@ class Cycle:
     smallest key comes first (a stable order to show).
     """
 
-    __slots__ = ("steps", "since")
+    __slots__ = ("steps", "since", "via", "support")
 
-    def __init__(self, steps: Tuple[Step, ...], since: float) -> None:
+    def __init__(self, steps: Tuple[Step, ...], since: float,
+                 via: Optional[Dict[Step, Tuple[str, Tuple[Client, ...]]]] = None,
+                 support: FrozenSet[Step] = frozenset()) -> None:
         self.steps = steps
         self.since = since
+        # Through shared keys (L{WaitForGraph.sharedOf}): per step whose
+        # key is shared, how it waits (ALL or ANY) and for whom of the
+        # deadlock; and every wait the deadlock rests on (a change to any
+        # of them checks it again).  Empty for a cycle of exclusive keys.
+        self.via = via or {}
+        self.support = support
+
+    @property
+    def shared(self) -> bool:
+        """
+        Whether the deadlock runs through a shared key (read lock or
+        semaphore).
+        """
+        return bool(self.via)
 
     @property
     def clients(self) -> List[Client]:
@@ -123,22 +156,47 @@ class Cycle:
     def describe(self, nameOf: Callable[[Client], str] = str) -> str:
         """
         C{a waits for k1 (held by b) -> b waits for k2 (held by a)}.
+
+        A step through a shared key says so: C{(every slot held by a, b)}
+        for a semaphore (its waiter needs one of them to go, and none can),
+        C{(blocked by b)} for a read-write key (b holds it or is a writer
+        queued ahead).
         """
         parts = []
         for i, (who, key) in enumerate(self.steps):
             holder = self.steps[(i + 1) % len(self.steps)][0]
-            parts.append(f"{nameOf(who)} waits for {key.decode('utf-8', 'replace')} "
-                         f"(held by {nameOf(holder)})")
+            shown = key.decode('utf-8', 'replace')
+            via = self.via.get((who, key))
+            if via is None:
+                why = f"held by {nameOf(holder)}"
+            elif via[0] == ANY:
+                why = "every slot held by " + ", ".join(nameOf(b) for b in via[1])
+            else:
+                why = f"blocked by {nameOf(holder)}"
+            parts.append(f"{nameOf(who)} waits for {shown} ({why})")
         return " -> ".join(parts)
 
     def asDict(self, nameOf: Callable[[Client], str] = str) -> Dict[str, object]:
-        return {
+        out: Dict[str, object] = {
             "length": len(self.steps),
             "clients": [nameOf(c) for c in self.clients],
             "keys": [k.decode("utf-8", "replace") for k in self.keys],
             "since": self.since,
             "description": self.describe(nameOf),
+            "shared": self.shared,
         }
+        if self.shared:
+            # Everyone the deadlock holds (a semaphore's holders beside the
+            # cycle), by name, in a stable order.
+            out["deadlocked"] = sorted(nameOf(c) for c in _clientsOf(self))
+        return out
+
+
+def _clientsOf(cycle: "Cycle") -> Set[Client]:
+    clients = set(cycle.clients)
+    for _, blockers in cycle.via.values():
+        clients.update(blockers)
+    return clients
 
 
 def _rotated(steps: List[Step]) -> Tuple[Step, ...]:
@@ -163,10 +221,31 @@ class WaitForGraph:
 
     def __init__(self, holderOf: Callable[[bytes], Optional[Client]],
                  maxSearch: int = 2000, maxCycles: int = 10000,
-                 maxPending: int = 100000) -> None:
+                 maxPending: int = 100000,
+                 sharedOf: Optional[Callable[[bytes, int], Optional[SharedView]]] = None,
+                 isShared: Optional[Callable[[bytes], bool]] = None) -> None:
+        """
+        @param sharedOf: what the table holds of a key in shared form
+            (L{SharedView}, at most the given count of holders and
+            waiters), None for a key in the one-holder form (then
+            C{holderOf} says who holds it).  Without it, shared keys are
+            not followed (no deadlock through them is found).
+        @param isShared: whether a key is held in shared form now (cheap:
+            asked at every wait).
+        """
         self.connectionHolding = holderOf
+        self.sharedOf = sharedOf
+        self.isShared = isShared if sharedOf is not None else None
+        # Keys waited for that were held in shared form at a wait, while
+        # waited for: while there is one, every wait and hand-over is also
+        # checked through shared keys (a cycle through one may close
+        # anywhere).
+        self._sharedKeys: Dict[bytes, None] = {}
+        self._sharedNoted: Set[Client] = set()  # clients with a _SHARED note pending
+        self._keyCache: Dict[bytes, Any] = {}  # see check
         self._instances: "weakref.WeakValueDictionary[str, Instance]" = \
             weakref.WeakValueDictionary()
+        self._names: Dict[object, "Instance | bool"] = {}  # see _classify
         # A connection's client while it waits: fixed at its first wait, so
         # a rename (I) in between cannot split its waits over two clients.
         self._pinned: Dict[Client, Tuple[Client, int]] = {}
@@ -178,8 +257,14 @@ class WaitForGraph:
         self.cycles: Dict[CycleId, Cycle] = {}
         self._byStep: Dict[Step, Set[CycleId]] = {}
         self._byKey: Dict[bytes, Set[CycleId]] = {}
+        # Read-only views for an observer's fast path (the monitor skips
+        # hold and unhold for a key in neither): keys waited for (count of
+        # waits), keys of reported cycles.
+        self.waitedFor: Dict[bytes, int] = self._waitedFor
+        self.cycleKeys: Dict[bytes, Set[CycleId]] = self._byKey
         self._pairs: Dict[Tuple[Client, Client], int] = {}  # consecutive in a cycle
         self._pending: Deque[Tuple[Any, ...]] = deque()
+        self.notes = self._pending  # read-only: a check is due while not empty
         self._suspects: Set[CycleId] = set()
         self.detected = 0
         self.unlisted = 0
@@ -198,12 +283,31 @@ class WaitForGraph:
         if pinned is not None:
             return pinned[0]
         name = getattr(conn, "name", None)
+        known = self._names.get(name)
+        if known is None:
+            known = self._classify(name)
+        return conn if known is False else known
+
+    def _classify(self, name: object) -> "Instance | bool":
+        """
+        C{name}'s L{Instance}, or False for a name that is not an
+        instance name; remembered for the next look-up (a bounded cache:
+        the regular expression and a new Instance per wait and grant cost
+        more than the rest of the graph's work on a contended key).  The
+        cache holds its Instances alive; when it is emptied, an Instance
+        still referred to stays the one of its name (the weak dictionary
+        keeps it), so clients still compare by identity.
+        """
+        if len(self._names) >= NAMES_CACHED:
+            self._names.clear()
         if not isInstanceName(name):
-            return conn
+            self._names[name] = False
+            return False
         assert isinstance(name, str)
         instance = self._instances.get(name)
         if instance is None:
             instance = self._instances[name] = Instance(name)
+        self._names[name] = instance
         return instance
 
     def holderOf(self, key: bytes) -> Optional[Client]:
@@ -236,8 +340,12 @@ class WaitForGraph:
         # As unhold (inline, not a call: this runs at every grant).
         for cid in self._byKey.get(key, ()):
             self._suspect(cid)
+        if not self._waitedFor.get(key):
+            return  # nobody waits for it: no cycle closes here
         who = self.clientOf(who)
-        if who is not None and self._waitedFor.get(key) and who in self._waits:
+        if who is not None and who in self._waits:
+            if self._sharedKeys:
+                self._noteShared(who)
             self._note((_HOLD, key, who))
 
     def unhold(self, key: bytes) -> None:
@@ -257,8 +365,16 @@ class WaitForGraph:
         count = keys[key] = keys.get(key, 0) + 1
         self._waitedFor[key] = self._waitedFor.get(key, 0) + 1
         holder = self.holderOf(key)
+        # A key in shared form has no one holder (holderOf says None):
+        # only then is it asked whether it is shared.
+        if holder is None and self.isShared is not None and self.isShared(key):
+            self._sharedKeys[key] = None
+        if self._sharedKeys and count == 1:
+            self._noteShared(who)
+        # Only a holder that waits itself can lead back to who: otherwise
+        # nothing to search now (its own wait, later, searches this edge).
         if count == 1 and holder is not None and holder is not who \
-                and (who, holder) not in self._pairs:
+                and holder in self._waits and (who, holder) not in self._pairs:
             self._note((_WAIT, who, key))
 
     def unwait(self, key: bytes, who: Client) -> None:
@@ -276,6 +392,7 @@ class WaitForGraph:
         keys[key] -= 1
         if self._waitedFor[key] == 1:
             del self._waitedFor[key]
+            self._sharedKeys.pop(key, None)
         else:
             self._waitedFor[key] -= 1
         if keys[key] > 0:
@@ -293,6 +410,8 @@ class WaitForGraph:
         self._waits.clear()
         self._pinned.clear()
         self._waitedFor.clear()
+        self._sharedKeys.clear()
+        self._sharedNoted.clear()
         self.cycles.clear()
         self._byStep.clear()
         self._byKey.clear()
@@ -302,9 +421,19 @@ class WaitForGraph:
 
     def _note(self, item: Tuple[Any, ...]) -> None:
         if len(self._pending) >= self.maxPending:
-            self._pending.popleft()
+            dropped = self._pending.popleft()
             self.skipped += 1
+            if dropped[0] == _SHARED:
+                self._sharedNoted.discard(dropped[1])
+            elif dropped[0] == _RECHECK:
+                self._suspects.discard(dropped[1])
         self._pending.append(item)
+
+    def _noteShared(self, who: Client) -> None:
+        # One check through shared keys per client waiting for it.
+        if who not in self._sharedNoted:
+            self._sharedNoted.add(who)
+            self._note((_SHARED, who))
 
     def _suspect(self, cid: CycleId) -> None:
         if cid not in self._suspects:
@@ -329,14 +458,24 @@ class WaitForGraph:
         """
         found: List[Cycle] = []
         pending = self._pending
-        while pending and budget > 0:
-            item = pending.popleft()
-            if item[0] == _WAIT:
-                budget -= self._checkWait(item[1], item[2], now, found)
-            elif item[0] == _HOLD:
-                budget -= self._checkHold(item[1], item[2], now, found)
-            else:
-                budget -= self._recheck(item[1], now, found)
+        # The keys' waits read by this call's checks through shared keys:
+        # the table does not change meanwhile, so a burst of waits on one
+        # big shared key reads its holders and queue once, not once each.
+        self._keyCache = {}
+        try:
+            while pending and budget > 0:
+                item = pending.popleft()
+                if item[0] == _WAIT:
+                    budget -= self._checkWait(item[1], item[2], now, found)
+                elif item[0] == _HOLD:
+                    budget -= self._checkHold(item[1], item[2], now, found)
+                elif item[0] == _SHARED:
+                    self._sharedNoted.discard(item[1])
+                    budget -= self._checkShared(item[1], now, found)
+                else:
+                    budget -= self._recheck(item[1], now, found)
+        finally:
+            self._keyCache = {}
         return found
 
     def _checkWait(self, who: Client, key: bytes, now: float, found: List[Cycle]) -> int:
@@ -368,6 +507,8 @@ class WaitForGraph:
         cycle = self.cycles.get(cid)
         if cycle is None:
             return 1
+        if cycle.shared:
+            return self._recheckShared(cid, cycle, now, found)
         steps = cycle.steps
         if all(self._waits.get(who, {}).get(key)
                and self.holderOf(key) is steps[(i + 1) % len(steps)][0]
@@ -426,6 +567,171 @@ class WaitForGraph:
                     path.pop()
         return None, self.maxSearch - budget
 
+    # -- through shared keys (ALL and ANY waits, see keyWaits below) ----------
+
+    def _keyWaits(self, key: bytes, cache: Dict[bytes, "_KeyWaits"]) -> Tuple["_KeyWaits", int]:
+        """
+        The waits of the clients queued for C{key}, and what reading them
+        cost.  A key in the one-holder form: each waiter waits for its
+        holder (as the exclusive search has it), one L{Wait} for all.  A
+        shared key: L{keyWaits} of what the table shows (at most
+        C{maxSearch} holders and waiters), by client; a semaphore whose
+        holders were cut gives no waits at all (an ANY wait may never lose
+        a blocker: that could make a false deadlock; a wait left out can
+        only miss one).
+        """
+        known = cache.get(key)
+        if known is not None:
+            return known, 1
+        assert self.sharedOf is not None
+        view = self.sharedOf(key, self.maxSearch)
+        if view is None:
+            holder = self.holderOf(key)
+            plain: _KeyWaits = Wait(ALL, frozenset((holder,)), key) if holder is not None else {}
+            cache[key] = plain
+            return plain, 1
+        slots, holders, queue, cut = view
+        clientOf = self.clientOf
+        byClient: Dict[Client, List[Wait]] = {}
+        if not (cut and slots > 1):
+            for who, wait in keyWaits(key, [(clientOf(c), m) for c, m in holders],
+                                      [(clientOf(c), m) for c, m in queue], slots):
+                byClient.setdefault(who, []).append(wait)
+        cache[key] = byClient
+        return byClient, 1 + len(holders) + len(queue)
+
+    def _component(self, start: Client) -> Tuple[List[Tuple[Client, Wait]], int]:
+        """
+        The waits of the clients reachable from C{start} along waits
+        (breadth first, about C{maxSearch} edges): a client not reached
+        in time is given no waits, so it counts as one that finishes
+        (this can miss a deadlock, never make a false one).
+        """
+        cache = self._keyCache
+        waits: List[Tuple[Client, Wait]] = []
+        seen: Set[Client] = {start}
+        todo: Deque[Client] = deque([start])
+        budget = self.maxSearch
+        while todo and budget > 0:
+            who = todo.popleft()
+            for key in list(self._waits.get(who, ())):
+                known, cost = self._keyWaits(key, cache)
+                budget -= cost
+                if isinstance(known, Wait):
+                    mine = [known] if who not in known.blockers else []
+                else:
+                    mine = known.get(who, [])
+                for wait in mine:
+                    # The fixed point reads every blocker: count them too.
+                    budget -= len(wait.blockers)
+                    if budget <= 0:
+                        break  # the wait left out: it can only miss a deadlock
+                    waits.append((who, wait))
+                    for b in wait.blockers:
+                        if b not in seen:
+                            seen.add(b)
+                            todo.append(b)
+        return waits, self.maxSearch - budget
+
+    def _sharedDeadlock(self, start: Client
+                        ) -> Tuple[Optional[Cycle], Optional[Set[Client]], int]:
+        """
+        The deadlock C{start} is in or waits behind, through a shared
+        key: a cycle of it (to show and report) with the waits it rests
+        on, or None (none, or one of exclusive keys only, which the
+        exclusive search reports); and the deadlocked set found.
+        """
+        waits, cost = self._component(start)
+        stuck = deadlockedClients(waits)
+        if not stuck:
+            return None, stuck, cost
+        waitsOf: Dict[Client, List[Wait]] = {}
+        for who, wait in waits:
+            waitsOf.setdefault(who, []).append(wait)
+
+        def unmet(who: Client) -> Tuple[Wait, List[Client]]:
+            # A wait of a stuck client that cannot be met, and the stuck
+            # blockers that keep it so (ALL: one of them is enough; ANY:
+            # every one).
+            for wait in waitsOf[who]:
+                inside = sorted((b for b in wait.blockers if b in stuck and b is not who),
+                                key=_order)
+                live = [b for b in wait.blockers if b is not who]
+                if wait.how == ALL and inside:
+                    return wait, inside
+                if wait.how == ANY and live and len(inside) == len(live):
+                    return wait, inside
+            raise AssertionError("a deadlocked client has an unmet wait")
+
+        # Walk from start along unmet waits until a client repeats: the
+        # walk's tail from there is a cycle.
+        who = start if start in stuck else min(stuck, key=_order)
+        order: List[Client] = []
+        at: Dict[Client, int] = {}
+        chosen: Dict[Client, Tuple[Wait, List[Client]]] = {}
+        while who not in at:
+            at[who] = len(order)
+            order.append(who)
+            chosen[who] = unmet(who)
+            who = chosen[who][1][0]
+        ring = order[at[who]:]
+        steps = [(w, chosen[w][0].key) for w in ring]
+        via: Dict[Step, Tuple[str, Tuple[Client, ...]]] = {}
+        for w in ring:
+            wait, inside = chosen[w]
+            if self.sharedOf is not None and self.isShared is not None \
+                    and self.isShared(wait.key):
+                via[(w, wait.key)] = (wait.how, tuple(inside))
+        if not via:
+            return None, stuck, cost  # exclusive keys only: not ours to report
+        # Who the deadlock holds: the ring, and every holder of a
+        # semaphore on it (each must be stuck); the waits it rests on:
+        # every wait of each of them.
+        members = set(ring)
+        for how, blockers in via.values():
+            if how == ANY:
+                members.update(blockers)
+        support = frozenset((w, wait.key) for w in members for wait in waitsOf.get(w, ()))
+        return Cycle(_rotated(steps), 0.0, via, support), stuck, cost
+
+    def _checkShared(self, who: Client, now: float, found: List[Cycle]) -> int:
+        if self.sharedOf is None or who not in self._waits:
+            return 1
+        cycle, _, cost = self._sharedDeadlock(who)
+        if cycle is not None:
+            self._foundShared(cycle, now, found)
+        return cost
+
+    def _recheckShared(self, cid: CycleId, cycle: Cycle, now: float,
+                       found: List[Cycle]) -> int:
+        # From a client of it that still waits (the first one's wait may be
+        # the one that ended, and the others still be stuck).
+        start = next((who for who, _ in cycle.steps if who in self._waits), None)
+        again, stuck, cost = self._sharedDeadlock(start) if start is not None \
+            else (None, None, 1)
+        if stuck is not None and cid <= stuck and again is not None \
+                and _cidOf(again) == cid:
+            self._forget(cid)
+            again.since = cycle.since
+            self._add(cid, again)  # the same deadlock, its waits as they are now
+            return cost
+        self._forget(cid)
+        if again is not None:
+            self._foundShared(again, now, found)
+        return cost
+
+    def _foundShared(self, cycle: Cycle, now: float, found: List[Cycle]) -> None:
+        cid = _cidOf(cycle)
+        if cid in self.cycles:
+            return
+        if len(self.cycles) >= self.maxCycles:
+            self.unlisted += 1
+            return
+        cycle.since = now
+        self._add(cid, cycle)
+        self.detected += 1
+        found.append(cycle)
+
     def _found(self, steps: List[Step], now: float, found: List[Cycle]) -> None:
         cid: CycleId = frozenset(who for who, _ in steps)
         if cid in self.cycles:
@@ -440,6 +746,11 @@ class WaitForGraph:
 
     def _add(self, cid: CycleId, cycle: Cycle) -> None:
         self.cycles[cid] = cycle
+        if cycle.shared:
+            for step in cycle.support:
+                self._byStep.setdefault(step, set()).add(cid)
+                self._byKey.setdefault(step[1], set()).add(cid)
+            return
         steps = cycle.steps
         for i, step in enumerate(steps):
             self._byStep.setdefault(step, set()).add(cid)
@@ -451,6 +762,11 @@ class WaitForGraph:
         cycle = self.cycles.pop(cid, None)
         if cycle is None:
             return
+        if cycle.shared:
+            for step in cycle.support:
+                _discard(self._byStep, step, cid)
+                _discard(self._byKey, step[1], cid)
+            return
         steps = cycle.steps
         for i, step in enumerate(steps):
             _discard(self._byStep, step, cid)
@@ -460,6 +776,20 @@ class WaitForGraph:
                 del self._pairs[pair]
             else:
                 self._pairs[pair] -= 1
+
+
+# A key's waits as _component reads them: one Wait for every waiter (a
+# key in the one-holder form), or the waits by client (a shared key).
+_KeyWaits = Any
+
+
+def _cidOf(cycle: Cycle) -> CycleId:
+    return frozenset(_clientsOf(cycle))
+
+
+def _order(who: Client) -> Tuple[str, int]:
+    # A stable order to pick among blockers: by name, then identity.
+    return (str(getattr(who, "name", who)), id(who))
 
 
 def _discard(index: Dict[Any, Set[CycleId]], at: Any, cid: CycleId) -> None:
@@ -519,24 +849,49 @@ def keyWaits(key: bytes, holders: Sequence[Tuple[Client, str]],
     C{queue} as (client, mode) pairs: mode L{READ} or L{WRITE} (exclusive;
     for a semaphore, C{slots} > 1, every grant is a slot).  A client does
     not wait for itself (a lease ends that, it is no deadlock).
+
+    O(holders + queue), whatever the mix: an ALL wait may leave out a
+    blocker that another of its blockers waits for anyway (a reader waits
+    for the last writer ahead of it, which waits for everything ahead of
+    itself; a writer for the last writer ahead and the readers after it),
+    and leaving out a blocker of an ALL wait can only miss a deadlock.
+    A semaphore waiter that a free slot will take (the first M{free}
+    waiters, M{free} = slots - holders) waits for nobody; the others for
+    ANY of the holders and of those first waiters (who all go before it).
     """
     out: List[Tuple[Client, Wait]] = []
     if slots > 1:
-        everyHolder = frozenset(who for who, _ in holders)
-        for who, _ in queue:
-            out.append((who, Wait(ANY, everyHolder - {who}, key)))
+        free = max(0, slots - len(holders))
+        everyone = frozenset([who for who, _ in holders] + [who for who, _ in queue[:free]])
+        nobody: FrozenSet[Client] = frozenset()
+        for i, (who, _) in enumerate(queue):
+            if i < free:
+                blockers = nobody
+            else:
+                blockers = everyone - {who} if who in everyone else everyone
+            out.append((who, Wait(ANY, blockers, key)))
         return out
-    ahead: List[Tuple[Client, str]] = list(holders)
-    writersAhead = [who for who, mode in ahead if mode != READ]
+    # run: the last writer ahead (first) and everyone after it, or all
+    # ahead while no writer is; lastWriter, the writer before it too
+    # (for a writer's own later acquire, which may not wait for itself).
+    run: List[Client] = []
+    writers: List[Client] = []  # the last two distinct writers ahead
+    for who, mode in holders:
+        if mode != READ:
+            run = [who]
+            writers = ([who] + [w for w in writers if w is not who])[:2]
+        else:
+            run.append(who)
     for who, mode in queue:
         if mode == READ:
-            blockers = frozenset(writersAhead) - {who}
+            nearest = next((w for w in writers if w is not who), None)
+            blockers = frozenset((nearest,)) if nearest is not None else frozenset()
+            out.append((who, Wait(ALL, blockers, key)))
+            run.append(who)
         else:
-            blockers = frozenset(w for w, _ in ahead) - {who}
-        out.append((who, Wait(ALL, blockers, key)))
-        ahead.append((who, mode))
-        if mode != READ:
-            writersAhead.append(who)
+            out.append((who, Wait(ALL, frozenset(run) - {who}, key)))
+            run = [who]
+            writers = ([who] + [w for w in writers if w is not who])[:2]
     return out
 
 

@@ -31,7 +31,7 @@ from zope.interface import implementer
 
 import lockservice
 from lockservice.core import wire
-from lockservice.core.table import Holder
+from lockservice.core.table import EXCLUSIVE, READ, READ_WRITE, Holder, nameOf
 from lockservice.internals import raiseBindErrorsAtStart
 from lockservice.server.clusterview import ClusterView
 from lockservice.server.metrics import CONTENT_TYPE, Metrics
@@ -46,6 +46,9 @@ LOCKS_LIMIT = 1000      # keys per /locks page (default and most)
 WAITERS_LIMIT = 100     # waiters listed per key (default)
 WAITERS_MAX = 1000      # waiters listed per key (most)
 WAITERS_TOTAL = 5000    # waiters listed in one answer, all keys together
+HOLDERS_LIMIT = 100     # grants listed per key (default; a shared key has many)
+HOLDERS_MAX = 1000      # grants listed per key (most)
+HOLDERS_TOTAL = 5000    # grants listed in one answer, all keys together
 STATS_LIMIT = 100       # keys on /locks/stats (default)
 STATS_MAX = 1000
 EVENTS_LIMIT = 1000     # events per /events answer (default and most)
@@ -91,6 +94,9 @@ def status(locks: LockService, cluster: Optional[ClusterView],
         "peers": peers,
         "held_keys": len(locks.table),
         "waiters": locks.table.waiterCount,
+        # Grants of keys held by readers or as semaphores (each key above
+        # counts once, however many grants hold it).
+        "shared_grants": locks.table.sharedGrants,
         "connections": len(locks.connections),
         "highest_token": locks.table.tokens.last,
         # Why this node's clock looks wrong, or null: the cluster's own
@@ -117,21 +123,67 @@ def _wallAt(locks: LockService, monitor: Optional[Monitor], when: float) -> floa
     return wall - (locks.clock.seconds() - when)
 
 
-def describeLock(locks: LockService, monitor: Optional[Monitor], key: bytes,
-                 holder: Holder, waiters: int = WAITERS_LIMIT) -> Dict[str, Any]:
+# How a grant holds its key, or how a waiter would (the "mode" fields).
+def modeOf(share: int) -> str:
     """
-    One held key: its holder and the first C{waiters} of its queue.
+    C{exclusive} (a plain lock, or the writer of a read-write key),
+    C{reader}, or C{semaphore} (one of its slots).
+    """
+    if share == EXCLUSIVE:
+        return "exclusive"
+    return "reader" if share == READ else "semaphore"
+
+
+def kindOf(locks: LockService, key: bytes) -> Tuple[str, Optional[int]]:
+    """
+    A held key's kind as the pages show it, and a semaphore's slot count:
+    C{semaphore}; C{read-write} while readers hold it; C{exclusive} while
+    one exclusive grant holds it (a plain lock, or the writer of a
+    read-write key).
+    """
+    table = locks.table
+    kind = table.kindOf(key)
+    if kind is not None and kind != READ_WRITE:
+        return "semaphore", kind
+    return ("read-write" if table.isShared(key) else "exclusive"), None
+
+
+def describeLock(locks: LockService, monitor: Optional[Monitor], key: bytes,
+                 holder: Holder, waiters: int = WAITERS_LIMIT,
+                 holders: int = HOLDERS_LIMIT) -> Dict[str, Any]:
+    """
+    One held key: its kind, its holders (the first C{holders} of them,
+    oldest first) and the first C{waiters} of its queue.  The top-level
+    C{token}, C{holder}, ... fields are those of C{holder}: the key's one
+    grant, or of a shared key the grant whose lease runs out first.
 
     @param holder: a view of the key's grant, read here and dropped.
     """
     now = locks.clock.seconds()
+    table = locks.table
     queue = []
     for waiter in islice(holder.waiters(), waiters):
         queue.append({
             "who": waiter.holderName(),
             "lease_seconds": waiter.lease,
             "waited_seconds": round(now - waiter.queuedAt, 3),
+            "mode": modeOf(waiter.share),
         })
+    kind, slots = kindOf(locks, key)
+    share = holder.share
+    listed = []
+    for token, grantedAt, expiresAt, client, renewals in table.firstGrants(key, holders):
+        listed.append({
+            "token": token,
+            "holder": nameOf(client),
+            "mode": modeOf(share),
+            "granted_at": round(_wallAt(locks, monitor, grantedAt), 3),
+            "age_seconds": round(now - grantedAt, 3),
+            "remaining_seconds": round(max(0.0, expiresAt - now), 3),
+            "renewals": renewals,
+            "long_hold": monitor is not None and monitor.isLongHold(key, token),
+        })
+    count = table.holderCount(key)
     return {
         "key": key.decode("utf-8", "replace"),
         "token": holder.token,
@@ -140,16 +192,22 @@ def describeLock(locks: LockService, monitor: Optional[Monitor], key: bytes,
         "age_seconds": round(now - holder.grantedAt, 3),
         "remaining_seconds": round(max(0.0, holder.expiresAt - now), 3),
         "renewals": holder.renewals,
-        "long_hold": monitor is not None and monitor.isLongHold(key, holder.token),
+        "long_hold": monitor is not None and (monitor.isLongHold(key, holder.token)
+                                              or any(h["long_hold"] for h in listed)),
         "queue_length": holder.waiting,
         "waiters": queue,
         "waiters_truncated": holder.waiting > len(queue),
+        "kind": kind,
+        "slots": slots,
+        "holder_count": count,
+        "holders": listed,
+        "holders_truncated": count > len(listed),
     }
 
 
 def heldLocks(locks: LockService, key: Optional[bytes] = None, limit: int = LOCKS_LIMIT,
               offset: int = 0, monitor: Optional[Monitor] = None,
-              waiters: int = WAITERS_LIMIT) -> Dict[str, Any]:
+              waiters: int = WAITERS_LIMIT, holders: int = HOLDERS_LIMIT) -> Dict[str, Any]:
     """
     Who holds what and who waits, for one key or a page of held keys.
     """
@@ -158,14 +216,16 @@ def heldLocks(locks: LockService, key: Optional[bytes] = None, limit: int = LOCK
         holder = table.holder(key)
         if holder is None:
             return {"key": key.decode("utf-8", "replace"), "held": False}
-        return dict(describeLock(locks, monitor, key, holder, waiters), held=True)
+        return dict(describeLock(locks, monitor, key, holder, waiters, holders), held=True)
     listed = []
-    budget = WAITERS_TOTAL  # waiters listed in all; the rest are counted only
+    # Waiters and grants listed in all; the rest are counted only.
+    budget, grants = WAITERS_TOTAL, HOLDERS_TOTAL
     for k in table.page(offset, limit):
         h = table.holder(k)
         assert h is not None
-        entry = describeLock(locks, monitor, k, h, min(waiters, budget))
+        entry = describeLock(locks, monitor, k, h, min(waiters, budget), min(holders, grants))
         budget -= len(entry["waiters"])
+        grants -= len(entry["holders"])
         listed.append(entry)
     return {
         "count": len(table),
@@ -211,7 +271,7 @@ def dashboard(locks: LockService, cluster: Optional[ClusterView], monitor: Monit
     found, _ = monitor.events.since(max(0, monitor.events.last - 50))
     return {
         "status": status(locks, cluster, monitor),
-        "locks": heldLocks(locks, limit=50, monitor=monitor, waiters=20),
+        "locks": heldLocks(locks, limit=50, monitor=monitor, waiters=20, holders=20),
         "series": monitor.series.last(now, seconds),
         "events": [event.asDict() for event in reversed(found)],
         "stats": keyStats(monitor, 10)["keys"],
@@ -388,8 +448,8 @@ def _headers(request: Request, code: int = 200) -> None:
 
 
 def heldLocksParts(locks: LockService, limit: int = LOCKS_LIMIT, offset: int = 0,
-                   monitor: Optional[Monitor] = None, waiters: int = WAITERS_LIMIT
-                   ) -> List[Tuple[str, Any]]:
+                   monitor: Optional[Monitor] = None, waiters: int = WAITERS_LIMIT,
+                   holders: int = HOLDERS_LIMIT) -> List[Tuple[str, Any]]:
     """
     A page of held keys as L{jsonPieces} parts, C{locks} made key by key.
     Each key is described as it is when its turn comes: a key released
@@ -400,15 +460,18 @@ def heldLocksParts(locks: LockService, limit: int = LOCKS_LIMIT, offset: int = 0
     keys = table.page(offset, limit)
 
     def entries() -> Iterator[Tuple[Dict[str, Any], int]]:
-        budget = WAITERS_TOTAL  # waiters listed in all; the rest are counted only
+        # Waiters and grants listed in all; the rest are counted only.
+        budget, grants = WAITERS_TOTAL, HOLDERS_TOTAL
         for k in keys:
             h = table.holder(k)
             if h is None:
                 continue
-            entry = describeLock(locks, monitor, k, h, min(waiters, budget))
-            listed = len(entry["waiters"])
+            entry = describeLock(locks, monitor, k, h, min(waiters, budget),
+                                 min(holders, grants))
+            listed, held = len(entry["waiters"]), len(entry["holders"])
             budget -= listed
-            yield entry, 1 + listed
+            grants -= held
+            yield entry, 1 + listed + held
 
     return [("count", len(table)), ("offset", offset), ("limit", limit),
             ("truncated", offset + len(keys) < len(table)), ("locks", Items(entries()))]
@@ -444,7 +507,7 @@ def dashboardParts(locks: LockService, cluster: Optional[ClusterView], monitor: 
     """
     now = locks.clock.seconds()
     yield "status", status(locks, cluster, monitor)
-    yield "locks", heldLocks(locks, limit=50, monitor=monitor, waiters=20)
+    yield "locks", heldLocks(locks, limit=50, monitor=monitor, waiters=20, holders=20)
     yield "series", monitor.series.last(now, seconds)
     found, _ = monitor.events.since(max(0, monitor.events.last - 50))
     yield "events", [event.asDict() for event in reversed(found)]
@@ -598,6 +661,7 @@ class LocksResource(_NodeResource):
     def render_GET(self, request: Request) -> Any:
         path = self._path(request)
         waiters = _int(request, b"waiters", WAITERS_LIMIT, 0, WAITERS_MAX)
+        holders = _int(request, b"holders", HOLDERS_LIMIT, 0, HOLDERS_MAX)
         if path == [b"stats"]:
             if self.monitor is None:
                 return _json(request, {"error": "no statistics on this node"}, 404)
@@ -607,14 +671,15 @@ class LocksResource(_NodeResource):
         limit = _int(request, b"limit", LOCKS_LIMIT, 0, LOCKS_LIMIT)
         offset = _int(request, b"offset", 0, 0)
         if key is not None:
-            # One key (up to WAITERS_MAX waiters) is one step, made on
-            # the Cooperator's turn: a queue cannot be read across turns.
+            # One key (up to WAITERS_MAX waiters and HOLDERS_MAX grants)
+            # is one step, made on the Cooperator's turn: a queue cannot
+            # be read across turns.
             def one(key: bytes = key) -> Iterator[Tuple[str, Any]]:
                 yield from heldLocks(self.locks, key, monitor=self.monitor,
-                                     waiters=waiters).items()
+                                     waiters=waiters, holders=holders).items()
             return self.stream(request, one())
         return self.stream(request, heldLocksParts(
-            self.locks, limit, offset, self.monitor, waiters))
+            self.locks, limit, offset, self.monitor, waiters, holders))
 
     def render_POST(self, request: Request) -> bytes:
         path = self._path(request)
@@ -640,7 +705,17 @@ class LocksResource(_NodeResource):
                 "error": "this node is not active",
                 "active": active.decode() if active is not None else None,
             }, 409)
-        token = self.locks.table.tokenOf(key)
+        # ?token=T names one grant of a shared key; without it, the
+        # key's (first-expiring) grant, as for an exclusive key.
+        given = _arg(request, b"token")
+        if given is not None:
+            if not given.isdigit() or int(given) >= 2**64:
+                raise BadQuery("token must be a whole number below 2^64")
+            token: Optional[int] = int(given)
+            if self.locks.table.holdingOf(key, int(given)) is None:
+                token = None
+        else:
+            token = self.locks.table.tokenOf(key)
         if token is None:
             return _json(request, {"error": "key not held",
                                    "key": key.decode("utf-8", "replace")}, 404)

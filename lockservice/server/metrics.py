@@ -79,6 +79,8 @@ class _StatsCollector(Collector):
         for name, doc, value in [
             ("held_keys", "Keys held right now", len(table)),
             ("waiters", "Acquire requests queued right now", table.waiterCount),
+            ("shared_grants", "Grants of keys held by readers or as semaphores right now "
+             "(such a key counts once in lockservice_held_keys)", table.sharedGrants),
             ("open_connections", "Client connections open right now",
              len(self.locks.connections)),
         ]:

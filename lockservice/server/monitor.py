@@ -7,10 +7,14 @@ force-release.
 
 L{Monitor} is told of every change by the L{LockService} (it is one of
 its C{activity} observers).  On that hot path it only notes the change (one
-tuple appended to a log) and keeps the wait-for graph current; the event
-ring, the per-key statistics and the per-second series are derived from
-the log when something reads them (a page, a check), or when it reaches
-L{FOLD_AT} entries, so they cost little per request.  It is also told
+tuple appended to a log) and keeps the wait-for graph current (for a key
+nobody waits for, two dict look-ups); the event ring, the per-key
+statistics and the per-second series are derived from the log when
+something reads them (a page, a check), or when it reaches L{FOLD_AT}
+entries, so they cost little per request.  The ring keeps the log's
+entries as they are and makes events of them only when they are read.
+Deadlocks through shared keys (read locks, semaphores) are found from the
+table's holders and queues (L{SharedTable}), read only when a check runs.  It is also told
 of the cluster's events (L{Monitor.clusterEvent}); it never changes the
 table itself except through the service's normal
 release path (force-release), so replication and the other observers see
@@ -32,7 +36,9 @@ from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.events import EventRing
 from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats
-from lockservice.core.waitfor import WaitForGraph
+from lockservice.core.table import READ as TABLE_READ
+from lockservice.core.table import READ_WRITE
+from lockservice.core.waitfor import READ, WRITE, SharedView, WaitForGraph
 
 # Why a queued acquire stopped waiting without a grant.
 TIMEOUT = ev.TIMEOUT
@@ -103,6 +109,27 @@ class ActivityObserver(Protocol):
                     holders: Iterable[Tuple[bytes, HeldKey]]) -> None: ...
 
 
+class SharedTable(Protocol):
+    """
+    What the monitor reads of the lock table for shared keys (only when a
+    deadlock is checked, never on a request's path).
+    """
+
+    def isShared(self, key: bytes) -> bool: ...
+
+    def kindOf(self, key: bytes) -> Optional[int]: ...
+
+    def holderCount(self, key: bytes) -> int: ...
+
+    def firstGrants(self, key: bytes, count: int
+                    ) -> List[Tuple[int, float, float, object, int]]: ...
+
+    def queueOf(self, key: bytes) -> Any: ...
+
+
+_SHARED_VIEW = ("isShared", "kindOf", "holderCount", "firstGrants", "queueOf")
+
+
 class Releaser(Protocol):
     """
     The part of the lock service that force-release needs.
@@ -123,8 +150,9 @@ DEADLOCKS_LISTED = 20
 # series even if nobody reads them (bounds the log's memory).
 FOLD_AT = 1024
 
-# The kinds of noted change (the first item of a log entry).
-_GRANTED, _DROPPED, _QUEUED, _ENDED, _RENEWED = range(5)
+# The kinds of noted change (the first item of a log entry; its second
+# is the monotonic time, its third the key, as the event ring wants).
+_GRANTED, _DROPPED, _QUEUED, _ENDED, _RENEWED, _EVENT = range(6)
 
 
 def _name(conn: Any) -> str:
@@ -154,27 +182,48 @@ class Monitor:
     def __init__(self, clock: IReactorTime, holderOf: Callable[[bytes], object],
                  wallTime: Callable[[], float] = time.time,
                  warnHold: Optional[float] = None, events: int = 10000,
-                 trackedKeys: int = 1000, seriesSpan: int = 300) -> None:
+                 trackedKeys: int = 1000, seriesSpan: int = 300,
+                 table: Optional["SharedTable"] = None) -> None:
         """
         @param holderOf: who holds a key now, as the lock table says: the
             holding connection (the wait-for graph's vertex), or None.  The
             graph keeps no copy of who holds what (a held key would cost
             it a dict entry).
+        @param table: the lock table, for the holders and queues of shared
+            keys (read locks, semaphores: deadlocks through them); by
+            default the table whose C{clientOf} C{holderOf} is.
         """
         self.clock = clock
         self.wallTime = wallTime
         self.warnHold = warnHold
-        self._events = EventRing(events)
+        self._events = EventRing(events, self._decoder)
+        self._queuedNoted = False  # a _QUEUED entry is in the log
         self._keys = KeyStats(trackedKeys)
         self._series = Series(seriesSpan)
         # Changes not yet folded into the three above (see fold).
         self._log: List[Tuple[Any, ...]] = []
-        self.graph = WaitForGraph(holderOf)
+        if table is None:
+            owner = getattr(holderOf, "__self__", None)
+            if all(hasattr(owner, name) for name in _SHARED_VIEW):
+                table = owner
+        self._table = table
+        if table is not None:
+            self.graph = WaitForGraph(holderOf, sharedOf=self._sharedOf,
+                                      isShared=table.isShared)
+        else:
+            self.graph = WaitForGraph(holderOf)
+        # The graph's keys waited for and keys of reported cycles: read on
+        # every grant and release, so that one of a key nobody waits for
+        # costs two dict look-ups here, not two calls into the graph.
+        self._waitedFor = self.graph.waitedFor
+        self._cycleKeys = self.graph.cycleKeys
+        self._notes = self.graph.notes
         self._checking: Optional[IDelayedCall] = None
         self.longHolds = 0
         self._longNow = 0  # flagged grants still held: /status is O(1)
         self.forceReleases = 0
-        self._held: Dict[bytes, _Held] = {}
+        # Per grant, (key, token): a shared key has several.
+        self._held: Dict[Tuple[bytes, int], _Held] = {}
         self._forcing: Optional[Tuple[bytes, int, str]] = None
         self._due: Deque[Tuple[float, bytes, int]] = deque()
         self._alarm: Optional[IDelayedCall] = None
@@ -212,61 +261,111 @@ class Monitor:
     def fold(self) -> None:
         """
         Fold the noted changes into the events, statistics and series, in
-        the order they happened.  An event's wall-clock time is its
-        monotonic time moved by the current offset between the two clocks.
+        the order they happened.  The event ring takes the log's entries
+        as they are (L{_decoder} reads them when a page does); the
+        statistics and the series are counted here, one loop over the
+        batch with the per-key record read inline.
         """
         log, self._log = self._log, []
-        offset = self.wallTime() - self.clock.seconds()
-        add = self._events.add
+        if not log:
+            return
+        if self._queuedNoted:
+            # A queued acquire is counted, not an event.
+            self._queuedNoted = False
+            self._events.extend([entry for entry in log if entry[0] != _QUEUED])
+        else:
+            self._events.extend(log)
         keys = self._keys
+        records, recordOf = keys.records, keys.record
+        series = self._series
+        GRANTED, DROPPED, QUEUED, ENDED = _GRANTED, _DROPPED, _QUEUED, _ENDED  # locals
         # The series counts per whole second: a batch per second, not a
-        # call per event.
-        second = None
+        # call per event.  The log is in time order, so a second ends when
+        # an entry reaches the next one (and, should a time go back, when
+        # one is before it).
+        second = end = -1.0
         grants = waits = holds = 0
         holdTotal = holdMax = 0.0
         for entry in log:
-            kind, now, key = entry[0], entry[1], entry[2]
-            if now // 1 != second:
-                if second is not None:
-                    self._series.add(second, grants, waits, holds, holdTotal, holdMax)
+            kind, now = entry[0], entry[1]
+            if now >= end or now < second:
+                if grants or waits or holds:
+                    series.add(second, grants, waits, holds, holdTotal, holdMax)
                 second = now // 1
+                end = second + 1
                 grants = waits = holds = 0
                 holdTotal = holdMax = 0.0
-            wall = now + offset
-            if kind == _GRANTED:
-                _, _, _, token, owner, waited, queued = entry
-                keys.granted(key, waited)
-                grants += 1
-                if queued:
-                    add(wall, ev.GRANT, key, token, owner, "after waiting %.3f s", waited)
+            if kind == GRANTED:
+                key = entry[2]
+                record = records.get(key) or recordOf(key)
+                record.activity += 1
+                record.grants += 1
+                waited = entry[5]
+                if waited == 0.0:
+                    # Sketch.add of a grant at once, inline (most grants)
+                    wait = record.wait
+                    wait.count += 1
+                    wait.zeros += 1
+                    wait.low = 0.0
                 else:
-                    add(wall, ev.GRANT, key, token, owner)
-            elif kind == _DROPPED:
-                _, _, _, token, owner, heldFor, expired, forced = entry
-                keys.dropped(key, heldFor, expired)
+                    record.wait.add(waited)
+                grants += 1
+            elif kind == DROPPED:
+                key, heldFor = entry[2], entry[5]
+                record = records.get(key) or recordOf(key)
+                record.activity += 1
+                if entry[6]:
+                    record.expiries += 1
+                else:
+                    record.releases += 1
+                record.hold.add(heldFor)
                 holds += 1
                 holdTotal += heldFor
                 if heldFor > holdMax:
                     holdMax = heldFor
-                if forced is not None:
-                    add(wall, ev.FORCE_RELEASE, key, token, owner, forced)
-                else:
-                    add(wall, ev.EXPIRY if expired else ev.RELEASE, key, token, owner,
-                        "after %.3f s", heldFor)
-            elif kind == _QUEUED:
-                keys.queued(key)
+            elif kind == QUEUED:
+                key = entry[2]
+                record = records.get(key) or recordOf(key)
+                record.activity += 1
+                record.waits += 1
                 waits += 1
-            elif kind == _ENDED:
+            elif kind == ENDED and entry[5] == TIMEOUT:
+                keys.timedOut(entry[2], entry[4])
+            # renewals and the other events: events only
+        if grants or waits or holds:
+            series.add(second, grants, waits, holds, holdTotal, holdMax)
+
+    def _decoder(self) -> Callable[[Tuple[Any, ...]], Tuple[Any, ...]]:
+        """
+        What turns a noted change into its event's fields, for one read
+        of the ring: its wall-clock time is its monotonic time moved by
+        the current offset between the two clocks.
+        """
+        offset = self.wallTime() - self.clock.seconds()
+
+        def decode(entry: Tuple[Any, ...]) -> Tuple[Any, ...]:
+            kind, wall, key = entry[0], entry[1] + offset, entry[2]
+            if kind == _GRANTED:
+                _, _, _, token, owner, waited, queued = entry
+                if queued:
+                    return wall, ev.GRANT, key, token, owner, "after waiting %.3f s", waited
+                return wall, ev.GRANT, key, token, owner, None, None
+            if kind == _DROPPED:
+                _, _, _, token, owner, heldFor, expired, forced = entry
+                if forced is not None:
+                    return wall, ev.FORCE_RELEASE, key, token, owner, forced, None
+                return (wall, ev.EXPIRY if expired else ev.RELEASE, key, token, owner,
+                        "after %.3f s", heldFor)
+            if kind == _ENDED:
                 _, _, _, who, waited, reason = entry
-                if reason == TIMEOUT:
-                    keys.timedOut(key, waited)
-                if reason in (TIMEOUT, WITHDRAWAL):
-                    add(wall, reason, key, None, who, "after %.3f s", waited)
-            else:
+                return wall, reason, key, None, who, "after %.3f s", waited
+            if kind == _RENEWED:
                 _, _, _, token, owner, lease = entry
-                add(wall, ev.RENEWAL, key, token, owner, "lease %.3f s", lease)
-        if second is not None:
-            self._series.add(second, grants, waits, holds, holdTotal, holdMax)
+                return wall, ev.RENEWAL, key, token, owner, "lease %.3f s", lease
+            _, _, _, type, token, who, detail, seconds = entry  # _EVENT
+            return wall, type, key, token, who, detail, seconds
+
+        return decode
 
     def _note(self, entry: Tuple[Any, ...]) -> None:
         log = self._log
@@ -277,21 +376,25 @@ class Monitor:
     def _event(self, type: str, key: Optional[bytes] = None, token: Optional[int] = None,
                who: Optional[str] = None, detail: Optional[str] = None,
                seconds: Optional[float] = None) -> None:
-        # An event not noted by the hot path: after every noted one.
-        if self._log:
-            self.fold()
-        self._events.add(self.wallTime(), type, key, token, who, detail, seconds)
+        # An event not noted by the hot path, in order with those.
+        self._note((_EVENT, self.clock.seconds(), key, type, token, who, detail, seconds))
 
     # -- the activity observer -------------------------------------------------
 
     def queued(self, now: float, waiter: Waiter) -> None:
-        self._note((_QUEUED, now, waiter.key))
+        self._queuedNoted = True
+        log = self._log  # as _note, inline: this runs at every wait
+        log.append((_QUEUED, now, waiter.key))
+        if len(log) >= FOLD_AT:
+            self.fold()
         self.graph.wait(waiter.key, waiter.conn)
-        self._checkSoon()
+        if self._checking is None and self._notes:  # _checkSoon, inline
+            self._checkSoon()
 
     def waitEnded(self, now: float, waiter: Waiter, reason: str) -> None:
-        self._note((_ENDED, now, waiter.key, waiter.holderName(), now - waiter.queuedAt,
-                    reason))
+        if reason in (TIMEOUT, WITHDRAWAL):  # the events; a redirect is none
+            self._note((_ENDED, now, waiter.key, waiter.holderName(),
+                        now - waiter.queuedAt, reason))
         self.graph.unwait(waiter.key, waiter.conn)
         self._checkSoon()
 
@@ -310,33 +413,39 @@ class Monitor:
         if self.warnHold is not None:
             # Only long-hold checks need a record per grant: without
             # --warn-hold the table's holders are all there is per key.
-            self._forgetHeld(key)
-            self._held[key] = _Held(token, owner, now)
-        if waiter is not None:
-            self.graph.unwait(key, waiter.conn)
-            if conn is None:
-                conn = waiter.conn
-        self.graph.hold(key, conn)
-        self._checkSoon()
-        if self.warnHold is not None:
+            self._held[(key, token)] = _Held(token, owner, now)
             self._watch(now + self.warnHold, key, token)
+        if waiter is not None:
+            graph = self.graph
+            graph.unwait(key, waiter.conn)
+            graph.hold(key, waiter.conn if conn is None else conn)
+            if self._checking is None and self._notes:  # _checkSoon, inline
+                self._checkSoon()
+        elif key in self._waitedFor or key in self._cycleKeys:
+            # A grant at once to a key somebody waits for (a shared key's
+            # reader) or that a reported cycle ran through; any other
+            # grant at once changes nothing the graph looks at (as
+            # WaitForGraph.hold has it, without the call).
+            self.graph.hold(key, conn)
+            self._checkSoon()
 
     def dropped(self, now: float, key: bytes, token: int, owner: Optional[str],
                 heldFor: float, expired: bool) -> None:
         if self._held:
-            held = self._held.get(key)
-            if held is not None and held.token == token:
-                self._forgetHeld(key)
-                if owner is None:
-                    owner = held.owner
+            held = self._forgetHeld(key, token)
+            if held is not None and owner is None:
+                owner = held.owner
         forcing = self._forcing
         forced = forcing[2] if forcing is not None and forcing[:2] == (key, token) else None
         log = self._log  # as _note, inline: this runs at every grant and release
         log.append((_DROPPED, now, key, token, owner, heldFor, expired, forced))
         if len(log) >= FOLD_AT:
             self.fold()
-        self.graph.unhold(key)
-        self._checkSoon()
+        if key in self._cycleKeys:
+            # Only a reported cycle through key has anything to check (as
+            # WaitForGraph.unhold has it, without the call).
+            self.graph.unhold(key)
+            self._checkSoon()
 
     def renewed(self, now: float, key: bytes, token: int, owner: Optional[str],
                 expiresAt: float) -> None:
@@ -367,7 +476,8 @@ class Monitor:
         if self.warnHold is None:
             return
         for key, holder in sorted(holders, key=lambda item: item[1].grantedAt):
-            self._held[key] = _Held(holder.token, holder.owner, holder.grantedAt)
+            self._held[(key, holder.token)] = _Held(holder.token, holder.owner,
+                                                    holder.grantedAt)
             self._watch(holder.grantedAt + self.warnHold, key, holder.token)
 
     # -- the cluster's event sink ----------------------------------------------
@@ -382,12 +492,29 @@ class Monitor:
 
     # -- deadlocks -------------------------------------------------------------
 
+    def _sharedOf(self, key: bytes, cap: int) -> Optional[SharedView]:
+        """
+        The wait-for graph's view of a key held in shared form (None for
+        one in the one-holder form): at most C{cap} holders and waiters.
+        """
+        table = self._table
+        assert table is not None
+        if not table.isShared(key):
+            return None
+        kind = table.kindOf(key)
+        slots = kind if kind is not None and kind != READ_WRITE else 1
+        mode = READ if slots == 1 else WRITE
+        holders = [(grant[3], mode) for grant in table.firstGrants(key, cap)]
+        queue = [(waiter.client(), READ if waiter.share == TABLE_READ else WRITE)
+                 for waiter in islice(table.queueOf(key) or (), cap)]
+        return slots, holders, queue, table.holderCount(key) > len(holders)
+
     # Changes only note what to check; the search runs on a later reactor
     # turn, a budget of edges at a time, so a burst of thousands of waits
     # never holds up other clients (SPEC section 7).
 
     def _checkSoon(self) -> None:
-        if self._checking is None and self.graph.pending:
+        if self._checking is None and self._notes:
             self._checking = self.clock.callLater(0, self._checkCycles)
 
     def _checkCycles(self) -> None:
@@ -422,8 +549,7 @@ class Monitor:
             # Released grants leave their entries behind; drop them so
             # memory follows the held keys, not the grant rate.
             self._due = deque(entry for entry in self._due
-                              if (held := self._held.get(entry[1])) is not None
-                              and held.token == entry[2])
+                              if (entry[1], entry[2]) in self._held)
         if self._alarm is None:
             self._arm()
 
@@ -438,8 +564,8 @@ class Monitor:
         due = self._due
         while due and due[0][0] <= now:
             _, key, token = due.popleft()
-            held = self._held.get(key)
-            if held is None or held.token != token or held.long:
+            held = self._held.get((key, token))
+            if held is None or held.long:
                 continue  # released (or handed over) in time
             held.long = True
             self._longNow += 1
@@ -453,16 +579,17 @@ class Monitor:
         self._arm()
 
     def isLongHold(self, key: bytes, token: int) -> bool:
-        held = self._held.get(key)
-        return held is not None and held.token == token and held.long
+        held = self._held.get((key, token))
+        return held is not None and held.long
 
     def currentLongHolds(self) -> int:
         return self._longNow
 
-    def _forgetHeld(self, key: bytes) -> None:
-        held = self._held.pop(key, None)
+    def _forgetHeld(self, key: bytes, token: int) -> Optional[_Held]:
+        held = self._held.pop((key, token), None)
         if held is not None and held.long:
             self._longNow -= 1
+        return held
 
     def stop(self) -> None:
         if self._alarm is not None and self._alarm.active():

@@ -107,8 +107,11 @@ class Observers:
                 self._failed(f"observer {_where(watcher.dropped)}")
 
     def queued(self, now: float, waiter: Any) -> None:
-        for watcher in self.activity:
-            self._notify(watcher.queued, now, waiter)
+        for watcher in self.activity:  # guarded inline: this runs at every wait
+            try:
+                watcher.queued(now, waiter)
+            except Exception:
+                self._failed(f"observer {_where(watcher.queued)}")
 
     def waitEnded(self, now: float, waiter: Any, reason: str) -> None:
         for watcher in self.activity:
