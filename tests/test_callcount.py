@@ -195,22 +195,7 @@ def callsPerHandOver(monitor: bool = True, steps: int = 1024) -> float:
         p.dataReceived(b"A hot 30 0\n")  # back in the queue
         clock.advance(0)
 
-    for _ in range(20):
-        handOver()
-    calls = 0
-
-    def profile(frame: FrameType, event: str, arg: object) -> None:
-        nonlocal calls
-        if event == "call" and frame.f_code.co_filename.startswith(ROOT):
-            calls += 1
-
-    sys.setprofile(profile)
-    try:
-        for _ in range(steps):
-            handOver()
-    finally:
-        sys.setprofile(None)
-    return calls / steps
+    return _counted(lambda _: handOver(), steps)
 
 
 def test_the_monitor_costs_few_calls_per_hand_over() -> None:
