@@ -240,6 +240,7 @@ def test_guessing_over_reconnects_slows_only_new_connections() -> None:
     holder = node.connect()
     live = holder.ask(b"A payroll 30 0").split()[2]
     _closedForGuessing(node, SLOW_AFTER_CLOSES)
+    node.clock.advance(0.5)  # the closes begin to decay: still slowed
     late, later, latest = node.connect(), node.connect(), node.connect()
     assert late.transport.producerState == "producing"  # the first has its turn now
     assert later.transport.producerState == "paused"

@@ -142,14 +142,16 @@ class Admission:
         if conn.host not in self._closes:
             return 0.0
         entry = self._decayed(conn.host, now)
-        if entry[0] < SLOW_AFTER_CLOSES:
+        # More than SLOW_AFTER_CLOSES - 1 left: the third close counts at
+        # once, not only while not a moment of its decay has passed.
+        if entry[0] <= SLOW_AFTER_CLOSES - 1:
             return 0.0
         start = max(now, entry[2])
         entry[2] = start + SLOW_STEP
         if now - self._slowLoggedAt >= 60:
             self._slowLoggedAt = now
             self.log.warn("new connections from {host} are read {step:g} s apart: {closes} "
-                          "of its connections were closed for too many STALE answers "
+                          "or more of its connections were closed for too many STALE answers "
                           "(guessing tokens over reconnects?); its live connections are "
                           "not concerned", host=conn.host, step=SLOW_STEP,
                           closes=SLOW_AFTER_CLOSES)
