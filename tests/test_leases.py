@@ -206,8 +206,8 @@ def test_a_pause_in_handing_off_keeps_the_leases_filed() -> None:
     assert acquire(locks, conn, b"soon", 1)
     assert acquire(locks, conn, b"later", 3)
     refiled: List[int] = []
-    rebuild = locks._fileAllLeases
-    locks._fileAllLeases = lambda: (refiled.append(1), rebuild())  # type: ignore[method-assign]
+    rebuild = locks.timers.fileAll
+    locks.timers.fileAll = lambda: (refiled.append(1), rebuild())  # type: ignore[method-assign]
     locks.setRole(HANDING_OFF, None)
     assert not clock.getDelayedCalls()
     locks.installHolder(b"merged", 10**9, 1.5)  # a heal's merge while frozen

@@ -645,7 +645,7 @@ def test_lease_alarm_survives_an_exception_inside_expiry(node: Node) -> None:
             raise RuntimeError("boom")
         original(key, token, now)
 
-    node.service._expire = flaky  # type: ignore[method-assign]
+    node.service.timers.expired = flaky
     a = node.connect()
     a.ask(b"A first 1 0")
     a.ask(b"A second 1 0")

@@ -305,13 +305,13 @@ class LockProtocol(LineOnlyReceiver):
         if turn is not None:
             self._batch = [data]
             turn.append(self)
-        elif self.service.mayAnswerNow():
+        elif self.service.answers.mayAnswerNow():
             # Straight to the socket when nothing is buffered (see
             # internals.sendNow); the answer turn let replication go first.
             sendNow(self._socket, self.transport, data)
         else:
             self._batch = [data]
-            self.service.hold(self)
+            self.service.answers.hold(self)
 
     def flushAnswers(self) -> None:
         batch, self._batch = self._batch, None

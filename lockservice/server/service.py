@@ -5,7 +5,7 @@ The lock service: the lock table plus the clock that drives it.
 It answers the connections' requests (acquire, release, renew), expires
 leases and ends waits, and says what changed.  Its rooms, one job each:
 
-    deadlines.py  the wait heap and the lease buckets (pure), one alarm
+    timers.py     the wait and lease deadlines (deadlines.py, pure), one alarm
     turn.py       the answer turn: answers go out when replication allows
     observers.py  the fan-out of each change to its observers
     waiters.py    queued acquires and the runs of a gone connection
@@ -40,11 +40,12 @@ from lockservice.core.table import (
     Waiter,
 )
 from lockservice.server.chores import CHUNK_BUDGET, Chores
-from lockservice.server.deadlines import TIMER_BUDGET, Alarm, LeaseDeadlines, WaitDeadlines
+from lockservice.server.deadlines import TIMER_BUDGET
 from lockservice.server.mirror import Mirroring
 from lockservice.server.monitor import REDIRECT, TIMEOUT, WITHDRAWAL, ActivityObserver
 from lockservice.server.observers import ChangeObserver, Observers
 from lockservice.server.stats import Stats
+from lockservice.server.timers import Timers
 from lockservice.server.turn import HOLD_RETRY, AnswerTurn, HookGate
 from lockservice.server.waiters import (
     AnswerSink,
@@ -120,10 +121,11 @@ class LockService(Mirroring, Service):
         self.startedAt = clock.seconds()
         self.connections: Set[object] = set()
         self._errorsLogged: Set[str] = set()
-        self.waits: WaitDeadlines[PendingAcquire] = WaitDeadlines()
-        self.leases = LeaseDeadlines(self._leaseExpiresAt, self._currentLease)
-        # One alarm for the earliest wait or lease deadline.
-        self.alarm = Alarm(clock, self._deadlinesDue, self._nextDeadline)
+        self.timers: Timers[PendingAcquire] = Timers(
+            clock, self.table, self.answers, self._timedOut, self._expire, self._internalError)
+        # (The grant path files leases inline: it runs at every grant.)
+        timers = self.timers
+        self.waits, self.leases, self.alarm = timers.waits, timers.leases, timers.alarm
         self.chores = Chores(clock, self._inTurn, self._internalError)
         # Whether the grant of the table's pending runs (readers after a
         # writer, free semaphore slots) is under way as a chore.
@@ -137,21 +139,6 @@ class LockService(Mirroring, Service):
         The connections whose answers are being gathered now, or None.
         """
         return self.answers.current
-
-    def openTurn(self) -> bool:
-        return self.answers.open()
-
-    def closeTurn(self) -> None:
-        self.answers.close()
-
-    def closeTurnSoon(self) -> None:
-        self.answers.closeSoon()
-
-    def mayAnswerNow(self) -> bool:
-        return self.answers.mayAnswerNow()
-
-    def hold(self, conn: AnswerSink) -> None:
-        self.answers.hold(conn)
 
     def _inTurn(self, work: Callable[[], None]) -> None:
         outer = self.answers.open()
@@ -181,6 +168,7 @@ class LockService(Mirroring, Service):
         """
         before = self.role
         self.role = role
+        self.timers.expiring = role == ACTIVE
         self.activeAddress = activeAddress
         self.notify.roleChanged(self.clock.seconds(), role, self.table.holders)
         # Lease deadlines stay filed while handing off (frozen: none
@@ -194,10 +182,10 @@ class LockService(Mirroring, Service):
             # A standby files no leases: a promotion files every mirrored
             # one, whether the new active serves at once or is first
             # frozen until its peers take its stream.
-            self._fileAllLeases()
+            self.timers.fileAll()
         self.alarm.rearm()  # leases are due only on an active node
         if role not in (ACTIVE, HANDING_OFF):
-            outer = self.openTurn()
+            outer = self.answers.open()
             try:
                 for waiter in self._takeWaiters():
                     self.stats.redirects += 1
@@ -205,7 +193,7 @@ class LockService(Mirroring, Service):
                     waiter.conn.finish(waiter, wire.redirect(b"A", waiter.key, activeAddress))
             finally:
                 if outer:
-                    self.closeTurn()
+                    self.answers.close()
 
     def beforeAnswer(self) -> bool:
         """
@@ -300,7 +288,7 @@ class LockService(Mirroring, Service):
             grantedAt, expiresAt = holder.grantedAt, holder.expiresAt
             owner = lambda: holder.owner  # noqa: E731
         # One of a shared key's grants, or its earliest (shown in its slot).
-        self._fileLease(key, token, expiresAt, held != token or table.isShared(key))
+        self.timers.fileLease(key, token, expiresAt, held != token or table.isShared(key))
         self.notify.renewed(now, key, token, grantedAt, expiresAt, owner)
         reply(wire.renewed(key, True))
 
@@ -309,7 +297,7 @@ class LockService(Mirroring, Service):
         Drop a waiter whose connection closed: O(1) (amortized).
         """
         if unqueue(self.table, waiter):
-            self._forgetWait(waiter)
+            self.timers.forgetWait(waiter)
             self._waitEnded(waiter, WITHDRAWAL)
             if self.table.pending:
                 self._letIn()  # the waiters behind it may fit now
@@ -346,82 +334,24 @@ class LockService(Mirroring, Service):
         finally:
             self._lettingIn = False
 
-    # -- deadlines (see deadlines.py) --------------------------------------
+    # -- deadlines (see timers.py) -----------------------------------------
 
-    def _leaseExpiresAt(self, key: bytes, token: int) -> Optional[float]:
-        return self.table.leaseOf(key, token)
-
-    def _currentLease(self, key: bytes) -> Optional[Tuple[int, float]]:
-        grant = self.table.grantOf(key)
-        return None if grant is None else (grant[0], grant[2])
-
-    def _nextDeadline(self) -> Optional[float]:
-        due = self.waits.nextDue()
-        if self.role == ACTIVE:  # only an active node expires leases
-            lease = self.leases.nextDue()
-            if lease is not None and (due is None or lease < due):
-                due = lease
-        return due
-
-    def _deadlinesDue(self, at: float) -> None:
-        # The reactor judged `at` due; do not let float rounding disagree.
-        now = max(self.clock.seconds(), at)
-        outer = self.openTurn()
-        try:
-            for waiter in self.waits.due(now, TIMER_BUDGET):
-                try:
-                    if unqueue(self.table, waiter):
-                        self.stats.timeouts += 1
-                        self._waitEnded(waiter, TIMEOUT)
-                        waiter.conn.finish(waiter, wire.timedOut(waiter.key))
-                        if self.table.pending:
-                            self._letIn()
-                except Exception:
-                    self._internalError("wait timeout")
-            if self.role == ACTIVE:  # not frozen or gone standby since armed
-                for key, token in self.leases.due(now, TIMER_BUDGET):
-                    try:
-                        self._expire(key, token, now)
-                    except Exception:
-                        # One bad hand-over must not stop every later expiry.
-                        self._internalError("lease expiry")
-        finally:
-            if outer:
-                self.closeTurn()
-
-    def _forgetWait(self, waiter: PendingAcquire) -> None:
-        """
-        C{waiter} left its queue before its wait ran out.
-        """
-        if self.waits.forget(waiter, mayRebuild=not self.alarm.firing):
-            self.alarm.rearm()
+    def _timedOut(self, waiter: PendingAcquire, now: float) -> None:
+        if unqueue(self.table, waiter):
+            self.stats.timeouts += 1
+            self._waitEnded(waiter, TIMEOUT)
+            waiter.conn.finish(waiter, wire.timedOut(waiter.key))
+            if self.table.pending:
+                self._letIn()
 
     def _fileLease(self, key: bytes, token: int, expiresAt: float, shared: bool) -> None:
-        """
-        File the lease of the grant C{token} of C{key}: C{shared} when it is
-        one of a shared key's grants, else the key's only holder (see
-        L{LeaseDeadlines}).
-        """
-        self.leases.file(key, token, expiresAt, shared)
-        if expiresAt < self.alarm.at:
-            self.alarm.arm(expiresAt)
-        elif (not self.alarm.firing and self.leases.entries
-              > 2 * (len(self.table.held) + self.table.sharedGrants) + 4096):
-            # (LeaseDeadlines.crowded over every grant, inline: this runs at every grant.)
-            self._fileAllLeases()
-
-    def _fileAllLeases(self) -> None:
-        self.leases.clear()
-        for key, token, _, expiresAt, share in self.table.everyGrant():
-            self.leases.file(key, token, expiresAt, share != EXCLUSIVE)
-        self.alarm.rearm()
+        self.timers.fileLease(key, token, expiresAt, shared)
 
     def _takeWaiters(self) -> List[PendingAcquire]:
         waiters = cast(List[PendingAcquire], self.table.takeWaiters())
         for waiter in waiters:
             waiter.deadline = 0.0
-        self.waits.clear()
-        self.alarm.rearm()
+        self.timers.forgetWaits()
         return waiters
 
     # -- grants ending, and hand-overs -----------------------------------
@@ -484,7 +414,7 @@ class LockService(Mirroring, Service):
             alarm.arm(expiresAt)
         elif (not alarm.firing and self.leases.entries
               > 2 * (len(self.table.held) + self.table.sharedGrants) + 4096):
-            self._fileAllLeases()
+            self.timers.fileAll()
         self.notify.granted(now, grant.key, grant.token, grant.expiresAt, waited,
                             grant.waiter, conn)
 
@@ -499,12 +429,12 @@ class LockService(Mirroring, Service):
             if waiter.run is not None:
                 leaveRun(waiter, waiter.run)
             if waiter.deadline:  # (else it has no wait deadline to forget)
-                self._forgetWait(waiter)
+                self.timers.forgetWait(waiter)
             self._granted(grant, now, now - waiter.queuedAt, waiter.conn,
                           waiter.share != EXCLUSIVE)
             waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))
         for orphan in cast(List[PendingAcquire], orphans):
-            self._forgetWait(orphan)
+            self.timers.forgetWait(orphan)
             self._waitEnded(orphan, "error")
             self.stats.errors += 1
             orphan.conn.finish(
@@ -533,7 +463,6 @@ class LockService(Mirroring, Service):
 
     def stopService(self) -> None:
         super().stopService()
-        self.closeTurn()
-        self.leases.clear()
+        self.answers.close()
         self._takeWaiters()
-        self.alarm.cancel()
+        self.timers.stop()
