@@ -10,7 +10,7 @@ from typing import Any, List
 
 from twisted.internet.address import IPv4Address
 
-from lockservice.server import protocol
+from lockservice.server import protocol, reading
 from lockservice.server.protocol import (
     CLOSE_DECAY,
     MAX_HELD_BACK_BYTES,
@@ -405,7 +405,9 @@ def test_dead_runs_between_live_waiters_are_never_granted() -> None:
 
 
 def test_too_many_queued_acquires_stop_the_reading(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # (The bound is reading.py's; protocol.py checks it inline too.)
     monkeypatch.setattr(protocol, "MAX_QUEUED_ACQUIRES", 50)
+    monkeypatch.setattr(reading, "MAX_QUEUED_ACQUIRES", 50)
     node = Node()
     holders, c = node.connect(), node.connect()
     tokens = [holders.ask(b"A k%d 30 0" % i).split()[2] for i in range(60)]

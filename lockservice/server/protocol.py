@@ -1,8 +1,9 @@
 # -*- test-case-name: tests.test_protocol -*-
 """
-The client line protocol: parse a line, ask the service, write the answer;
-backpressure and the per-iteration read budget.  Who may connect and who
-is closed for STALE floods is decided in L{lockservice.server.admission}.
+The client line protocol: parse a line, ask the service, write the answer.
+When a connection is read (backpressure, the per-iteration read budget)
+is L{lockservice.server.reading}'s job; who may connect and who is closed
+for STALE floods is decided in L{lockservice.server.admission}.
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Protocol
 
-from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
-from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -35,6 +35,15 @@ from lockservice.server.admission import (  # noqa: F401 (re-exported for the te
     StaleWindow,
 )
 from lockservice.server.hangups import HangUpSweep
+from lockservice.server.reading import (  # noqa: F401 (re-exported for the tests)
+    MAX_HELD_BACK_BYTES,
+    MAX_QUEUED_ACQUIRES,
+    MIN_SHARE,
+    READ_BUDGET,
+    RESET_AFTER,
+    PacedReceiver,
+    ReadBudget,
+)
 from lockservice.server.service import LockService, PendingAcquire
 from lockservice.tcp import noDelay
 
@@ -60,29 +69,11 @@ class PeerHandler(Protocol):
 PeerAcceptor = Callable[[Any, bytes], PeerHandler]
 
 
-# Client input handled per reactor iteration, all connections together:
-# past it, a connection's input waits (unread in the kernel) for the next
-# iteration.  Without it, 50 connections each delivering 64 KiB of
-# pipelined requests kept one iteration busy for over a second: no
-# heartbeat went out, and a standby promoted.  256 KiB is about 12,000
-# requests, some tens of milliseconds.
-READ_BUDGET = 256 * 1024
-RESET_AFTER = 32 * 1024
-# The least input a connection put off handles per iteration (a few lines).
-MIN_SHARE = 256
-
-# Backpressure also counts what the transport does not see: answers held
-# back for send order (behind an earlier acquire of the same key), and the
-# connection's acquires still queued.  Past either bound the connection is
-# not read until they drain.
-MAX_HELD_BACK_BYTES = 256 * 1024
-MAX_QUEUED_ACQUIRES = 100_000
-
 _ADMITTED, _PROBATION, _REFUSED = ADMITTED, PROBATION, REFUSED
 
 
-@implementer(IHalfCloseableProtocol, IPushProducer)
-class LockProtocol(LineOnlyReceiver):
+@implementer(IHalfCloseableProtocol)
+class LockProtocol(PacedReceiver):
     """
     One client connection.
 
@@ -99,12 +90,8 @@ class LockProtocol(LineOnlyReceiver):
     closing 100,000 of them stalls nobody.  Answers already decided are
     written before the server closes.
 
-    Backpressure: the connection is a streaming producer of answers for its
-    transport.  When the transport's unsent answers pass its buffer size it
-    pauses us, and we stop reading the client's requests until they drain,
-    so a client that sends without reading costs bounded memory.  Answers
-    held back for send order, and the connection's queued acquires, count
-    too (L{MAX_HELD_BACK_BYTES}, L{MAX_QUEUED_ACQUIRES}).
+    When it is read (backpressure, the read budget) is its base's,
+    L{PacedReceiver}'s, job.
 
     @ivar name: who this connection is (shown for its holders and
         waiters): the name it sent with C{I}, else its peer address.
@@ -116,6 +103,9 @@ class LockProtocol(LineOnlyReceiver):
     factory: "LockFactory"
 
     def __init__(self) -> None:
+        # (Its gone connection's queued acquires are withdrawn a chunk per
+        # reactor turn, and a hand-over skips them meanwhile.)
+        super().__init__()
         self._pending: Dict[bytes, Deque[PendingAcquire]] = {}
         self._seenRequest = False
         self.peer: Optional[PeerHandler] = None
@@ -124,29 +114,10 @@ class LockProtocol(LineOnlyReceiver):
         self._producing = False
         self._admission = _ADMITTED
         self._probation: Optional[IDelayedCall] = None
-        # Left unread for a while at first (a new connection from an address
-        # that guesses tokens over reconnects; see admission.py).
-        self._slowed: Optional[IDelayedCall] = None
         self._staleWindow: Optional[StaleWindow] = None
         self.name = "?"
         # The peer's host (the key of the per-address STALE budget).
         self.host = "?"
-        # Set once the client is gone (or sent its end of input): its queued
-        # acquires are withdrawn a chunk per reactor turn, and a hand-over
-        # skips them meanwhile (see LockService.withdrawLater).
-        self.gone = False
-        # Backpressure state: paused by the transport (its buffer is full),
-        # and paused by us (held-back answers or queued acquires).
-        self._writePaused = False
-        self._readPaused = False
-        # The same, for the hand-over and the hang-up sweep: a connection
-        # not read must have its socket checked (see server/hangups.py).
-        self.notRead = False
-        self._heldBytes = 0
-        self._queued = 0
-        self._lost = False
-        # Input put off to the next reactor iteration (see READ_BUDGET).
-        self._putOff = b""
 
     def connectionMade(self) -> None:
         service = self.service = self.factory.service
@@ -207,63 +178,6 @@ class LockProtocol(LineOnlyReceiver):
         if self._producing:
             self._producing = False
             self.transport.unregisterProducer()  # type: ignore[union-attr]
-
-    # -- IPushProducer: the transport tells us when its buffer is full ---
-
-    def pauseProducing(self) -> None:
-        self._writePaused = True
-        self._updateReading()
-
-    def resumeProducing(self) -> None:
-        self._writePaused = False
-        self._updateReading()
-
-    def _overloaded(self) -> bool:
-        return (self._heldBytes > MAX_HELD_BACK_BYTES or self._queued > MAX_QUEUED_ACQUIRES
-                or bool(self._putOff))
-
-    def readPutOff(self, share: int) -> None:
-        """
-        A new reactor iteration: handle up to C{share} bytes of the input
-        put off (see L{ReadBudget}), cut at a line's end; the rest waits
-        for the next iteration again, behind the other connections put off,
-        so one connection's small request never waits behind all of
-        another's backlog.  Read again once nothing is put off.
-        """
-        data, self._putOff = self._putOff, b""
-        if self._lost:
-            return
-        rest = b""
-        if len(data) > share:
-            cut = data.rfind(b"\n", 0, share) + 1 or share
-            data, rest = data[:cut], data[cut:]
-        if data:
-            self.dataReceived(data)
-        if rest and not self._lost:
-            if self._putOff:
-                self._putOff += rest  # put off again, and queued again, by dataReceived
-            else:
-                self._putOff = rest
-                self.factory.readBudget.requeue(self)
-        self._updateReading()
-
-    def _updateReading(self) -> None:
-        """
-        Read while the transport's buffer has room and neither held-back
-        answers nor queued acquires pass their bound.
-        """
-        paused = self._writePaused or self._overloaded() or self._slowed is not None
-        if paused == self._readPaused or self.gone:
-            return
-        self._readPaused = self.notRead = paused
-        self.factory.hangUps.watch(self, paused)
-        if paused:
-            self.transport.pauseProducing()  # type: ignore[union-attr]
-        else:
-            self.transport.resumeProducing()  # type: ignore[union-attr]
-
-    def stopProducing(self) -> None:
-        pass  # the connection is going away; connectionLost cleans up
 
     def hungUp(self) -> bool:
         """
@@ -561,71 +475,6 @@ def _addressName(address: Any) -> str:
     if host is None or port is None:
         return str(address)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class ReadBudget:
-    """
-    How much client input the node handles per reactor iteration
-    (L{READ_BUDGET}), over all its connections.  A connection over budget
-    stops reading, and its input is handled first thing in the next
-    iterations, in the order the connections were put off, a fair share
-    of the budget each per iteration.
-
-    What was spent resets at the next iteration, once it passes
-    L{RESET_AFTER}: below that, no timer is set (most iterations of a busy
-    node read a few requests; a timer per iteration would cost more than
-    the requests).
-    """
-
-    def __init__(self, clock: Any, budget: int = READ_BUDGET) -> None:
-        self.clock = clock
-        self.budget = budget
-        self.spent = 0
-        self.waiting: List["LockProtocol"] = []
-        self._served: List["LockProtocol"] = []
-        self._next: Optional[IDelayedCall] = None
-
-    def spend(self, protocol: "LockProtocol", size: int) -> bool:
-        """
-        @return: True when C{protocol} may handle C{size} bytes now; False
-            when it must wait for the next iteration (it is then queued).
-        """
-        if self.spent >= self.budget:
-            self.waiting.append(protocol)
-            if self._next is None:
-                self._next = self.clock.callLater(0, self._nextIteration)
-            return False
-        self.spent += size
-        if self.spent > RESET_AFTER and self._next is None:
-            self._next = self.clock.callLater(0, self._nextIteration)
-        return True
-
-    def requeue(self, protocol: "LockProtocol") -> None:
-        """
-        C{protocol} handled its share of this iteration and still has
-        input put off: it goes on at a next iteration, behind the
-        connections that did not have their turn in this one.
-        """
-        self._served.append(protocol)
-
-    def _nextIteration(self) -> None:
-        self._next = None
-        self.spent = 0
-        waiting, self.waiting = self.waiting, []
-        # Round robin: each connection put off handles its share of this
-        # iteration's budget, so a connection with one request behind a
-        # thousand with 64 KiB each is answered in this iteration or the
-        # next, not after all of theirs (measured from outside: a worst
-        # ping of 0.6 s).  Those put off again without their turn (the
-        # budget ran out) lead the next iteration.
-        share = max(MIN_SHARE, self.budget // max(1, len(waiting)))
-        for protocol in waiting:
-            protocol.readPutOff(share)
-        served, self._served = self._served, []
-        if served:
-            self.waiting.extend(served)
-            if self._next is None:
-                self._next = self.clock.callLater(0, self._nextIteration)
 
 
 class LockFactory(Factory):
