@@ -70,8 +70,8 @@ class LongHolds:
         Watch a grant from the time it was granted.
         """
         self.held[(key, token)] = _Held(token, owner, grantedAt)
-        # One call per grant for its record and its deadline (as the
-        # monitor's grant did before the watch was its own class).
+        # The record and the deadline in one call: with --warn-hold this
+        # runs at every grant.
         self._due.append((grantedAt + self.limit, key, token))
         if len(self._due) > 2 * len(self.held) + 4096:
             # Released grants leave their entries behind; drop them so

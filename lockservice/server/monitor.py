@@ -8,17 +8,26 @@ force-release.
 L{Monitor} is told of every change by the L{LockService} (it is one of
 its C{activity} observers).  On that hot path it only notes the change (one
 tuple appended to a log) and keeps the wait-for graph current (for a key
-nobody waits for, two dict look-ups); the event ring, the per-key
-statistics and the per-second series are derived from the log when
-something reads them (a page, a check), or when it reaches L{FOLD_AT}
-entries, so they cost little per request.  The ring keeps the log's
-entries as they are and makes events of them only when they are read.
-Deadlocks through shared keys (read locks, semaphores) are found from the
-table's holders and queues (L{SharedTable}), read only when a check runs.  It is also told
-of the cluster's events (L{Monitor.clusterEvent}); it never changes the
-table itself except through the service's normal
-release path (force-release), so replication and the other observers see
-that release like any other.
+nobody waits for, two dict look-ups); the rest is done by its parts, each
+in its own module:
+
+  - L{changelog<lockservice.server.changelog>}: the log of noted changes,
+    from which the event ring, the per-key statistics and the per-second
+    series are derived when something reads them (a page, a check), or
+    when it reaches L{FOLD_AT} entries, so they cost little per request;
+  - L{deadlocks<lockservice.server.deadlocks>}: the wait-for graph, checked
+    on a later reactor turn (deadlocks through shared keys are found from
+    the table's holders and queues, read only when a check runs), and the
+    cycles as the pages list them;
+  - L{longholds<lockservice.server.longholds>}: the C{--warn-hold} watch.
+
+The monitor's hot path reads their lists and calls their methods bound
+once at start, so the split costs no call per change
+(tests/test_callcount.py); they log through the monitor's logger.  It is
+also told of the cluster's events (L{Monitor.clusterEvent}); it never
+changes the table itself except through the service's normal release path
+(force-release), so replication and the other observers see that release
+like any other.
 """
 
 from __future__ import annotations
@@ -121,6 +130,9 @@ _WATCHED = (ACTIVE, HANDING_OFF)
 
 class Monitor:
     """
+    The activity observer that feeds the operator's view, and what the
+    pages ask of it.
+
     @ivar warnHold: seconds after which a grant still held is a long hold
         (logged once, counted, flagged), or None for no such check.
     @ivar forceReleases: how many force-releases were done.
@@ -149,8 +161,9 @@ class Monitor:
         # The collaborators log as the monitor (one namespace for its log).
         log = self.log
         self._changes = ChangeLog(clock, wallTime, events, trackedKeys, seriesSpan)
-        # Changes not yet folded (see fold): appended to inline.
-        self._log = self._changes.log
+        # The parts' lists and methods the hot path uses, bound once so a
+        # change costs no look-up through a part, nor a call more.
+        self._log = self._changes.log  # appended to inline (see fold)
         self._fold = self._changes.fold
         self._note = self._changes.note
         self._checks = DeadlockChecks(clock, holderOf, table, log)
