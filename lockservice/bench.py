@@ -544,6 +544,119 @@ def ratios(duration: float, rounds: int = 3, out=print) -> Dict[str, Any]:  # ty
     return result
 
 
+def fixedPairs(host: str, port: int, conns: int, pairs: int) -> int:
+    """
+    Drive exactly C{pairs} acquire+release pairs over C{conns} closed-loop
+    connections (each on its own key); for measures that count work, not
+    time (L{instructions}).
+
+    @return: the pairs completed.
+    """
+    chooser = selectors.DefaultSelector()
+    state: Dict[socket.socket, List[Any]] = {}
+    for i in range(conns):
+        sock = socket.create_connection((host, port), timeout=600)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        state[sock] = [b"fixed%d" % i, None, b""]  # key, token held, unread input
+        chooser.register(sock, selectors.EVENT_READ)
+    left, done = pairs, 0
+
+    def step(sock: socket.socket) -> bool:
+        nonlocal left
+        key, token, _ = state[sock]
+        if token is None:
+            if left == 0:
+                return False
+            left -= 1
+            sock.send(b"A " + key + b" 30 0\n")
+        else:
+            sock.send(b"R " + key + b" " + token + b"\n")
+        return True
+
+    busy = sum(step(sock) for sock in state)
+    while busy:
+        for ready, _ in chooser.select(600):
+            sock = ready.fileobj  # type: ignore[assignment]
+            entry = state[sock]
+            entry[2] += sock.recv(65536)
+            while b"\n" in entry[2]:
+                line, entry[2] = entry[2].split(b"\n", 1)
+                fields = line.split()
+                if fields[0] == b"A":
+                    entry[1] = fields[2]
+                else:
+                    entry[1] = None
+                    done += 1
+                if not step(sock):
+                    busy -= 1
+    for sock in state:
+        sock.close()
+    return done
+
+
+def _instructionsOf(pairs: int, detach: bool, conns: int) -> int:
+    """
+    The user-space instructions (callgrind) of a whole node process that
+    starts, serves C{pairs} pairs and stops.
+    """
+    import tempfile
+
+    from lockservice.testing.harness import freePort, ping, twistdEnvironment
+
+    port = freePort()
+    env = dict(twistdEnvironment(), LOCKSERVICE_BENCH_DETACH_MONITOR="1" if detach else "0")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+        proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+             twistd, "-n", "--pidfile=", "lockservice",
+             "--listen", f"tcp:{port}:interface=127.0.0.1"],
+            env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 300
+            while not ping(port, 1.0):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the node under valgrind did not start")
+                time.sleep(0.5)
+            if pairs:
+                fixedPairs("127.0.0.1", port, conns, pairs)
+        finally:
+            proc.terminate()
+            proc.wait(600)
+        with open(out) as f:
+            for line in f:
+                if line.startswith("summary:"):
+                    return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no summary")
+
+
+def instructions(pairs: int = 20_000, conns: int = 64) -> Dict[str, Any]:
+    """
+    What the operator's view costs on a running node, counted rather than
+    timed: the node's user-space instructions per uncontended pair
+    (callgrind; the same count whatever else the machine does), with the
+    monitor attached and detached.  Each is a node serving C{pairs} pairs
+    less a node that only starts and stops.  Kernel time (the sockets'
+    system calls) is not counted, so the share of all server CPU is lower
+    than the share printed.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    runs = [(0, False), (pairs, False), (0, True), (pairs, True)]
+    with ThreadPoolExecutor(2) as pool:  # two nodes at a time: one per core
+        counts = list(pool.map(lambda run: _instructionsOf(run[0], run[1], conns), runs))
+    on = (counts[1] - counts[0]) / pairs
+    off = (counts[3] - counts[2]) / pairs
+    return {
+        "pairs": pairs, "connections": conns,
+        "instructions_per_pair_monitor_on": round(on),
+        "instructions_per_pair_monitor_detached": round(off),
+        "monitor_share_of_user_instructions": round((on - off) / on, 4),
+    }
+
+
 def _waitForOneActive(trio: Any, activeNodes: Any) -> Any:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -877,7 +990,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     w.add_argument("--runs", type=int, default=3)
     w.add_argument("--seconds", type=float, default=4.0)
     w.add_argument("--non-readers", type=int, default=3000)
+    i = sub.add_parser("instructions",
+                       help="the monitor's share, in instructions per pair (valgrind)")
+    i.add_argument("--pairs", type=int, default=20_000)
+    i.add_argument("-c", "--connections", type=int, default=64)
     args = p.parse_args(argv)
+    if args.cmd == "instructions":
+        print(json.dumps(instructions(args.pairs, args.connections), indent=2))
+        return 0
     if args.cmd == "http":
         print(json.dumps(httpStall([int(c) for c in args.concurrency.split(",")], args.runs,
                                    args.seconds, args.non_readers), indent=2))

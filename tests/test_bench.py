@@ -6,6 +6,7 @@ asserted here (speed is measured by the benchmarks, not by tests).
 from __future__ import annotations
 
 from lockservice import bench
+from lockservice.testing.harness import LineClient
 
 
 def test_bench_runs_every_scenario_briefly(spawn) -> None:  # type: ignore[no-untyped-def]
@@ -18,6 +19,19 @@ def test_bench_runs_every_scenario_briefly(spawn) -> None:  # type: ignore[no-un
         assert result["pairs_per_s"] > 0
         assert result["p50_ms"] <= result["p99_ms"] <= result["p999_ms"]
         assert "server_cpu_percent" in result
+
+
+def test_fixed_pairs_serves_exactly_that_many(spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    The driver behind `bench instructions` (a count, not a time): every
+    pair asked for is served, each an acquire granted and released.
+    """
+    node = spawn()
+    assert bench.fixedPairs("127.0.0.1", node.port, 8, 500) == 500
+    assert bench.fixedPairs("127.0.0.1", node.port, 3, 0) == 0
+    with LineClient(node.port) as client:  # every pair ended in its release
+        for i in range(8):
+            assert client.ask(b"A fixed%d 5 0" % i).startswith(b"A fixed%d " % i)
 
 
 def test_echo_ceiling_and_table() -> None:
