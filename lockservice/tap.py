@@ -18,7 +18,7 @@ from twisted.internet.interfaces import IProtocolFactory
 from twisted.python import usage
 
 from lockservice.core.wire import checkSeconds
-from lockservice.internals import raiseBindErrorsAtStart
+from lockservice.internals import dispatchWithoutLogContext, raiseBindErrorsAtStart
 from lockservice.server.clock import useMonotonicTime, wallMicros
 from lockservice.server.protocol import DEFAULT_MAX_CONNECTIONS, PEER_RESERVE, LockFactory
 from lockservice.server.service import DEFAULT_MAX_KEYS, DEFAULT_MAX_WAITERS, LockService
@@ -507,6 +507,9 @@ def makeService(config: Options) -> IService:
     from twisted.internet import reactor
 
     useMonotonicTime(reactor)
+    if os.environ.get("LOCKSERVICE_BENCH_STOCK_DISPATCH") != "1":
+        # (Stock dispatch only for `bench`'s before/after comparison.)
+        dispatchWithoutLogContext(reactor)
     # Objects made at start (modules, classes: tens of thousands) live
     # forever: keep them out of every full garbage collection, whose pause
     # is proportional to the objects it walks.

@@ -378,3 +378,64 @@ def test_peerHungUpSeesAnEndOfInputOnlyOnceNothingIsUnreadBeforeIt() -> Any:
         accepted.close()
     finally:
         listener.close()
+
+
+class _Ready:
+    """A selectable with only what the reactor's dispatch reads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def logPrefix(self) -> str:
+        return "ready"
+
+
+def test_dispatchWithoutLogContextLeavesOtherReactorsAlone() -> None:
+    from twisted.internet.task import Clock
+
+    clock = Clock()
+    assert internals.dispatchWithoutLogContext(clock) is False
+    assert not hasattr(clock, "doPoll")
+
+
+def test_dispatchWithoutLogContextHandsEveryReadyDescriptorOnEvenAfterAFailure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """
+    Two descriptors ready in one poll: the first's handler raises; the
+    error is logged (as C{callWithLogger} would) and the second is still
+    handled in the same turn.
+    """
+    from twisted.internet.epollreactor import EPollReactor
+    from twisted.python import log
+
+    fresh = EPollReactor()  # not installed: the suite's reactor stays stock
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        first, second = _Ready(pairs[0][0]), _Ready(pairs[1][0])
+        handled: List[Any] = []
+
+        def handle(selectable: Any, fd: int, event: int) -> None:
+            handled.append(selectable)
+            if selectable is first:
+                raise ValueError("handler failed")
+
+        errors: List[Any] = []
+        monkeypatch.setattr(log, "err", lambda *a, **k: errors.append(a))
+        fresh._doReadOrWrite = handle  # type: ignore[method-assign]
+        assert internals.dispatchWithoutLogContext(fresh) is True
+        fresh.addReader(first)  # type: ignore[arg-type]
+        fresh.addReader(second)  # type: ignore[arg-type]
+        for _, other in pairs:
+            other.send(b"x")
+        fresh.doIteration(1.0)
+        assert sorted(map(id, handled)) == sorted([id(first), id(second)])
+        assert len(errors) == 1
+        fresh.removeAll()
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+        fresh._poller.close()
