@@ -363,13 +363,13 @@ def test_a_standby_acknowledges_each_read_on_receipt_and_reads_unpaced() -> None
     lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND")
     lines(leader)
     acked: List[bytes] = []
-    applied = lab.cluster.stream.applyChanges
+    applied = lab.cluster.following.applyChanges
 
     def applyChanges(j, channel, changes):  # type: ignore[no-untyped-def]
         acked.append(lab.log[-1][1])  # what was written before applying
         applied(j, channel, changes)
 
-    lab.cluster.stream.applyChanges = applyChanges  # type: ignore[method-assign]
+    lab.cluster.following.applyChanges = applyChanges  # type: ignore[method-assign]
     lab.hear(leader, b"G a 11 5000000 0", b"S 7", b"G b 12 5000000 0", b"S 8")
     assert lines(leader) == [b"ACK 8"]
     assert acked[0] == b"ACK 8\n"
@@ -577,7 +577,7 @@ def test_after_a_promotion_every_offer_is_merged() -> None:
     lab = Lab(me=1)
     leader = following(lab, leader=0)
     lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND")
-    lab.cluster.inheritedFrom = (0, NOW_US)  # from an earlier handoff
+    lab.cluster.eras.inheritedFrom = (0, NOW_US)  # from an earlier handoff
     lab.cluster._promote()
     fromOther = lab.link(2, outbound=False)
     lab.hear(fromOther, b"OFFER 0 %d" % NOW_US, b"MERGE missed 3 30000000 0", b"SYNC")
@@ -597,7 +597,7 @@ def test_the_losers_releases_stay_released_after_the_heal() -> None:
     waiter = lab.client()
     lab.protocol.dataReceived(b"A waited 30 10\n")
     lab.clock.advance(0)
-    lab.cluster.inheritedFrom = (1, NOW_US)
+    lab.cluster.eras.inheritedFrom = (1, NOW_US)
     lab.hear(loser, b"OFFER 1 %d" % NOW_US, b"RELEASED gone %d" % gone,
              b"RELEASED waited %d" % waited, b"RELEASED other %d" % (other - 1),
              b"MERGE gone %d 30000000 0" % gone, b"SYNC")
@@ -701,7 +701,7 @@ def test_a_node_far_behind_its_peers_stands_by_and_says_why() -> None:
     assert report["role"] == "standby" and report["active"] == PEERS[1]
     assert "ahead of this node's clock" in report["clock_warning"]
     assert sum("looks wrong" in line for line in said) == 1, said
-    assert lab.cluster.heartbeatLine().endswith(b" suspect")
+    assert lab.cluster.heartbeats.line().endswith(b" suspect")
     ahead.connectionLost(Failure(ConnectionLost()))
     ticks(lab, 1.5)
     assert lab.cluster.clockSuspect is None
