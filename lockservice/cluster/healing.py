@@ -10,7 +10,7 @@ one batch.
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Sequence, Set, Tuple
 
 from twisted.logger import Logger
 
@@ -143,7 +143,7 @@ class Healing:
         # A batch decides each grant on the table as it was before the
         # batch: a key met again (a shared key's next grant) or released
         # first has the batch applied before.
-        keys = set()
+        keys: Set[bytes] = set()
         for line in lines:
             try:
                 offered = peerwire.parseOffered(line)

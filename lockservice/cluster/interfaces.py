@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from zope.interface import Attribute, Interface
 
+from lockservice.core.election import PeerView
+
 
 class IPeers(Interface):
     """
@@ -65,7 +67,7 @@ class IHandoffOwner(IPeers, IRole):
         A term above every term seen (each attempt claims its own).
         """
 
-    def peerView(j: int) -> object:
+    def peerView(j: int) -> PeerView:
         """
         The L{lockservice.core.election.PeerView} of peer C{j}.
         """
