@@ -61,10 +61,10 @@ class Lab:
         An authenticated link to peer C{j}, as the handshake leaves it.
         """
         t = Transport(f"{'out' if outbound else 'in'}{j}", self.log)
-        channel = PeerChannel(self.cluster, t, outbound=outbound, remote=j)
+        channel = PeerChannel(self.cluster.receiver, t, outbound=outbound, remote=j)
         channel._cancelTimeout()
         channel.authenticated = True
-        self.cluster.channelUp(channel)
+        self.cluster.receiver.channelUp(channel)
         t.clear()
         return channel
 
@@ -897,8 +897,8 @@ def test_a_syncing_node_with_a_mismatched_peer_does_not_promote() -> None:
     lab = Lab(me=1)
     # What answers on node 0's address fails our proof, and node 0 dials
     # us and fails too: a node with another secret.
-    lab.cluster.handshakeFailed(0, outbound=True, why="secret mismatch")
-    lab.cluster.handshakeFailed(0, outbound=False, why="secret mismatch", source="10.0.0.1:5")
+    lab.cluster.receiver.handshakeFailed(0, outbound=True, why="secret mismatch")
+    lab.cluster.receiver.handshakeFailed(0, outbound=False, why="secret mismatch", source="10.0.0.1:5")
     lab.clock.advance(2.5)
     lab.cluster.tick()
     assert lab.cluster.role == SYNCING
@@ -1006,7 +1006,7 @@ def test_a_stranger_squatting_a_dead_peers_port_does_not_block_promotion() -> No
     # Something on node 0's address answers our HELLO with a wrong proof
     # (over and over), but nothing claiming to be node 0 ever dials us.
     for _ in range(30):
-        lab.cluster.handshakeFailed(0, outbound=True, why="secret mismatch")
+        lab.cluster.receiver.handshakeFailed(0, outbound=True, why="secret mismatch")
         lab.clock.advance(0.1)
         lab.cluster.tick()
     assert lab.cluster.role == ACTIVE

@@ -20,6 +20,7 @@ from typing import Callable, List, Optional, Sequence
 from twisted.logger import Logger
 
 from lockservice.cluster import peerwire, terms
+from lockservice.cluster.healing import Healing
 from lockservice.cluster.interfaces import IFollowerOwner
 from lockservice.cluster.links import Links
 from lockservice.cluster.peer import PeerChannel
@@ -35,8 +36,9 @@ class Following:
     log = Logger()
 
     def __init__(self, owner: IFollowerOwner, locks: LockService, links: Links,
-                 wallMicros: Callable[[], int]) -> None:
+                 healing: Healing, wallMicros: Callable[[], int]) -> None:
         self.owner = owner
+        self.healing = healing
         self.locks = locks
         self.clock = locks.clock
         self.links = links
@@ -45,12 +47,28 @@ class Following:
         self._leavingLeader: Optional[int] = None
         self.syncStartedAt = self.clock.seconds()
 
-    def followed(self) -> None:
+    def followed(self, previous: Optional[int], j: int) -> None:
         """
-        The node follows a leader (a new one, or again): read it up again
-        before leaving it.
+        The node now follows peer C{j} (it followed C{previous}): ask it
+        for its state.
         """
-        self._leavingLeader = None
+        if previous != j:
+            self.log.info("following {peer}", peer=self.owner.name(j))
+        self._leavingLeader = None  # read it up again before leaving it
+        channel = self.links.outbound.get(j)
+        if channel is not None:
+            self.sync(channel)
+
+    def sync(self, channel: PeerChannel) -> None:
+        """
+        Ask our leader for its state; first offer it our held keys when we
+        come from a heal (they arrive before the SYNC, so its snapshot
+        already holds them).
+        """
+        self.healing.sendOffer(channel)
+        if self.owner.clockSuspect is None:
+            # (A node that distrusts its clock would refuse the snapshot.)
+            channel.send(peerwire.SYNC)
 
     def catchUp(self, leader: Optional[int]) -> bool:
         """
@@ -84,9 +102,16 @@ class Following:
             owner.snapshotBegins(j, term)
 
     def snapshotEnded(self, j: int, channel: PeerChannel) -> None:
-        if self.owner.fromLeader(j, channel):
-            self.owner.synchronised(j)
-            channel.send(peerwire.SYNCED)
+        if not self.owner.fromLeader(j, channel):
+            return
+        if self.owner.synchronised(j):
+            self.log.info(
+                "synchronised from {peer} ({keys} held keys) in {seconds:.3f} s "
+                "(longest silence from it meanwhile: {silence:.0f} ms)",
+                peer=self.owner.name(j), keys=self.locks.heldCount(),
+                seconds=self.clock.seconds() - self.syncStartedAt,
+                silence=self.links.longestSilence.get(j, 0.0) * 1000)
+        channel.send(peerwire.SYNCED)
 
     def applyChanges(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
         """

@@ -23,9 +23,10 @@ actives of one term.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import deferLater
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
@@ -33,10 +34,11 @@ from lockservice.cluster import peerwire
 from lockservice.cluster.interfaces import IHandoffOwner
 from lockservice.cluster.links import Links
 from lockservice.cluster.peer import PeerChannel
-from lockservice.core.election import ACTIVE, STANDBY
+from lockservice.core.election import ACTIVE, STANDBY, PeerView
 
 HANDOFF_CHECK = 0.5
 HANDOFF_GIVE_UP = 6.0
+FLUSH_BEFORE_EXIT = 0.1
 
 
 class Attempt:
@@ -57,11 +59,38 @@ class Handoffs:
 
     log = Logger()
 
-    def __init__(self, owner: IHandoffOwner, clock: Any, links: Links) -> None:
+    def __init__(self, owner: IHandoffOwner, clock: Any, links: Links,
+                 views: Dict[int, PeerView], me: int) -> None:
         self.owner = owner
         self.clock = clock
         self.links = links
+        self.views = views
+        self.me = me
         self.current: Optional[Attempt] = None
+
+    async def beforeStopping(self) -> None:
+        """
+        On SIGINT/SIGTERM, an active node hands over to the highest-priority
+        live standby (its stream is already up to date) before it lets its
+        clients go.  One successor at a time: the next candidate is only
+        tried once the previous one surely did not take over.
+        """
+        if self.owner.role != ACTIVE:
+            return
+        inbound = self.links.inbound
+        candidates = sorted(
+            j for j, v in self.views.items()
+            if v.alive and v.role == STANDBY and v.leader == self.me
+            and not v.clockSuspect and j in inbound and inbound[j].synced
+        )
+        if not candidates:
+            self.log.warn("stopping with no live standby: held locks end with this node")
+        for j in candidates:
+            if await self.start(j, stopping=True):
+                await deferLater(self.clock, FLUSH_BEFORE_EXIT, lambda: None)
+                break
+            if self.owner.role != ACTIVE:
+                break
 
     def start(self, j: int, stopping: bool) -> "Deferred[bool]":
         """
@@ -89,7 +118,7 @@ class Handoffs:
             return
         attempt.timer = None
         j = attempt.successor
-        view = self.owner.peerView(j)
+        view = self.views[j]
         if view.alive and view.role == ACTIVE and view.term >= attempt.term:
             # Its TAKEN was lost, but it did take over.
             return self.taken(j, view.term)

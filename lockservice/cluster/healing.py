@@ -10,7 +10,7 @@ one batch.
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Set, Tuple
 
 from twisted.logger import Logger
 
@@ -22,7 +22,7 @@ from lockservice.cluster.peerwire import Change, micros
 from lockservice.cluster.released import Releases
 from lockservice.cluster.replication import Stream
 from lockservice.cluster.terms import Eras
-from lockservice.core.election import ACTIVE
+from lockservice.core.election import ACTIVE, PeerView
 from lockservice.core.table import EXCLUSIVE, LockTable, fitTogether
 from lockservice.core.wire import formatShare
 from lockservice.server.service import LockService
@@ -100,6 +100,17 @@ class Healing:
                           peer=self.owner.name(channel.remote or 0))
 
     # -- the active ------------------------------------------------------------
+
+    def forgetNotes(self, me: int, views: Dict[int, PeerView],
+                    inbound: Mapping[int, Any]) -> None:
+        """
+        Forget our release notes once every peer follows us again and has
+        replaced its old copy of the grants with our snapshot (see released.py).
+        """
+        if self.releases.watermark is not None and all(
+                v.alive and j in inbound and inbound[j].applied and v.leader == me
+                for j, v in views.items()):
+            self.releases.forget()
 
     def offered(self, j: int, channel: PeerChannel, fields: Sequence[bytes]) -> None:
         """

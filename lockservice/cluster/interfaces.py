@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from zope.interface import Attribute, Interface
 
-from lockservice.core.election import PeerView
-
 
 class IPeers(Interface):
     """
@@ -67,11 +65,6 @@ class IHandoffOwner(IPeers, IRole):
         A term above every term seen (each attempt claims its own).
         """
 
-    def peerView(j: int) -> PeerView:
-        """
-        The L{lockservice.core.election.PeerView} of peer C{j}.
-        """
-
     def handingOff() -> None:
         """
         We start handing the active role over: freeze, flush the stream.
@@ -108,9 +101,31 @@ class IFollowerOwner(IPeers, IRole):
         Our leader C{j}, of C{term}, starts sending its state afresh.
         """
 
-    def synchronised(j: int) -> None:
+    def synchronised(j: int) -> bool:
         """
-        The snapshot from C{j} is complete: this node holds the cluster's state.
+        The snapshot from C{j} is complete: this node holds the cluster's
+        state (True when it was syncing until now).
+        """
+
+
+class IReceiverOwner(IPeers, IRole):
+    """
+    What the links' events tell the node.
+    """
+
+    def sync(channel: object) -> None:
+        """
+        Our link to our leader is up: ask it for its state.
+        """
+
+    def gate() -> None:
+        """
+        A follower's link is gone: serve only if the serving gate says so.
+        """
+
+    def evaluate() -> None:
+        """
+        A peer is surely gone: judge.
         """
 
 

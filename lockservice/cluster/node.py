@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.task import LoopingCall, deferLater
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -45,14 +45,15 @@ from lockservice.cluster.interfaces import (
     IHandoffOwner,
     IHealOwner,
     IHeartbeatOwner,
+    IReceiverOwner,
     IStreamOwner,
 )
 from lockservice.cluster.links import Links
-from lockservice.cluster.peer import HandshakeLimit, PeerChannel, acceptChannel
+from lockservice.cluster.peer import PeerChannel
 from lockservice.cluster.receiving import Receiver
 from lockservice.cluster.released import Releases
 from lockservice.cluster.replication import ACK, Stream
-from lockservice.cluster.serving import Gate
+from lockservice.cluster.serving import Gate, unsubscribed
 from lockservice.core import election
 from lockservice.core.election import (
     ACTIVE,
@@ -68,10 +69,17 @@ from lockservice.server.clock import wallMicros as systemWallMicros
 from lockservice.server.service import LockService
 from lockservice.tcp import clientEndpoint
 
-FLUSH_BEFORE_EXIT = 0.1
+
+def tcpEndpoint(reactor: Any, entry: bytes, peerTimeout: float) -> Any:
+    """
+    A plain TCP endpoint for a peer's --peers entry.
+    """
+    host, _, port = entry.decode().rpartition(":")
+    return clientEndpoint(reactor, host, int(port), timeout=max(peerTimeout, 0.5))
 
 
-@implementer(IStreamOwner, IHandoffOwner, IFollowerOwner, IHealOwner, IHeartbeatOwner)
+@implementer(IStreamOwner, IHandoffOwner, IFollowerOwner, IHealOwner, IHeartbeatOwner,
+             IReceiverOwner)
 class Cluster(Service):
     """
     This node's membership of the cluster.
@@ -103,7 +111,6 @@ class Cluster(Service):
         self.peers = [p.encode() for p in peers]
         self.me = peers.index(me)
         self.myEntry = self.peers[self.me]
-        self.secret = secret
         self.heartbeat = heartbeat
         self.peerTimeout = peerTimeout
         self.wallMicros = wallMicros
@@ -128,20 +135,20 @@ class Cluster(Service):
         self.terms = terms.Terms()
         self.eras = terms.Eras()
         self.servingGate = Gate(heartbeat, peerTimeout, self.startedAt)
-        self.links = Links(self.clock, self, self, sorted(self.views), peerTimeout,
-                           endpointFor or self._endpointFor, self.peers)
+        self.receiver = Receiver(self, locks, self.peers, self.me, secret)
+        self.links = Links(self.clock, self.receiver, self.receiver, sorted(self.views),
+                           peerTimeout, endpointFor or self._tcpEndpoint, self.peers)
         self.lastHeard = self.links.lastHeard
         # Releases a lost follower may not know of (see released.py).
         self.releases = Releases(recentFor=2 * peerTimeout + 1.0)
         self.stream = Stream(self, locks, self.links, self.releases, peerTimeout, replication)
-        self.handshakes = HandshakeLimit(self.clock)
-        self.handoffs = Handoffs(self, self.clock, self.links)
+        self.handoffs = Handoffs(self, self.clock, self.links, self.views, self.me)
         self.heartbeats = Heartbeats(self, locks, self.links, self.views, self.servingGate,
                                      wallMicros)
-        self.following = Following(self, locks, self.links, wallMicros)
         self.healing = Healing(self, locks, self.stream, self.releases, self.eras, wallMicros)
-        self.receiver = Receiver(self.links, self.heartbeats, self.stream, self.following,
-                                 self.healing, self.handoffs)
+        self.following = Following(self, locks, self.links, self.healing, wallMicros)
+        self.receiver.wire(self.links, self.releases, self.heartbeats, self.stream,
+                           self.following, self.healing, self.handoffs)
         self._beat: Optional[LoopingCall] = None
         locks.observers.append(self.stream)
         locks.notify.mirrors.append(self.stream)
@@ -149,30 +156,17 @@ class Cluster(Service):
         locks.beforeTurnHooks.append(self.heartbeats.notJustResumed)
         locks.setRole(SYNCING, None)
 
-    def _endpointFor(self, j: int) -> Any:
-        host, _, port = self.peers[j].decode().rpartition(":")
-        return clientEndpoint(self.reactor, host, int(port), timeout=max(self.peerTimeout, 0.5))
+    def _tcpEndpoint(self, j: int) -> Any:
+        return tcpEndpoint(self.reactor, self.peers[j], self.peerTimeout)
 
     # -- lookups -------------------------------------------------------------
 
     def name(self, j: int) -> str:
         return self.peers[j].decode()
 
-    def indexOf(self, entry: bytes) -> Optional[int]:
-        try:
-            return self.peers.index(entry)
-        except ValueError:
-            return None
-
-    def peerView(self, j: int) -> PeerView:
-        return self.views[j]
-
     @property
     def serving(self) -> bool:
-        """
-        Whether this node, when active, serves yet (see L{gate}).
-        """
-        return self.servingGate.serving
+        return self.servingGate.serving  # (see gate)
 
     @property
     def maxTerm(self) -> int:
@@ -180,10 +174,7 @@ class Cluster(Service):
 
     @property
     def merged(self) -> int:
-        """
-        How many offered grants this node merged on heals.
-        """
-        return self.locks.stats.merged
+        return self.locks.stats.merged  # offered grants merged on heals
 
     def activeAddress(self) -> Optional[bytes]:
         """
@@ -235,27 +226,9 @@ class Cluster(Service):
         self._beat.start(self.heartbeat, now=True)
 
     async def gracefulStop(self) -> None:
-        """
-        On SIGINT/SIGTERM: an active node hands over to the highest-priority
-        live standby (its stream is already up to date), and only then lets
-        its clients go.  One successor at a time: the next candidate is
-        only tried once the previous one surely did not take over.
-        """
+        """On SIGINT/SIGTERM: hand over first (see L{Handoffs.beforeStopping})."""
         self.stopping = True
-        if self.role == ACTIVE:
-            candidates = sorted(
-                j for j, v in self.views.items()
-                if v.alive and v.role == STANDBY and v.leader == self.me
-                and not v.clockSuspect and j in self.links.inbound and self.links.inbound[j].synced
-            )
-            if not candidates:
-                self.log.warn("stopping with no live standby: held locks end with this node")
-            for j in candidates:
-                if await self.handoffs.start(j, stopping=True):
-                    await deferLater(self.clock, FLUSH_BEFORE_EXIT, lambda: None)
-                    break
-                if self.role != ACTIVE:
-                    break
+        await self.handoffs.beforeStopping()
         self.setRole(LEAVING)
         self.broadcastHeartbeat()
 
@@ -278,12 +251,8 @@ class Cluster(Service):
 
     def ticked(self) -> None:
         self.evaluate()
-        if self.releases.watermark is not None and self.role == ACTIVE and all(
-                v.alive and j in self.links.inbound and self.links.inbound[j].applied
-                and v.leader == self.me for j, v in self.views.items()):
-            # Every peer follows us again, and has replaced its old copy of
-            # the grants with our snapshot.
-            self.releases.forget()
+        if self.role == ACTIVE:
+            self.healing.forgetNotes(self.me, self.views, self.links.inbound)
 
     def resumedLate(self, idle: float) -> None:
         if self.servingGate.stopUntilRead(idle):
@@ -297,57 +266,9 @@ class Cluster(Service):
         if j == self.leader and self.role == STANDBY and self.views[j].role == ACTIVE:
             self.term = term  # a standby shows the term of the active it follows
 
-    # -- channels (ChannelOwner, LinkEvents) ------------------------------------
-
     def acceptPeer(self, transport: object, hello: bytes) -> PeerChannel:
-        """
-        A client connection opened with HELLO: it becomes a peer channel
-        (the server's C{peerAcceptor}).
-        """
-        return acceptChannel(self, transport, hello, self.handshakes)
-
-    def handshakeFailed(self, remote: int, outbound: bool, why: str,
-                        source: str = "") -> None:
-        self.links.handshakeFailed(remote, outbound, why, source)
-        self.views[remote].secretMismatch = self.links.secretMismatch(remote)
-
-    def channelUp(self, channel: PeerChannel) -> None:
-        self.links.channelUp(channel)
-
-    def linkUp(self, channel: PeerChannel) -> None:
-        # Acknowledged replication: a paced read would delay the ACK.
-        channel.paced = not self.stream.acknowledged
-        channel.send(self.heartbeats.line())
-        if channel.outbound and self.fromLeader(channel.remote or 0, channel):
-            self._sync(channel)
-
-    def channelLost(self, channel: PeerChannel, clean: bool) -> None:
-        j = channel.remote
-        assert j is not None
-        if channel.replicating and self.role in (ACTIVE, HANDING_OFF):
-            # A follower that may have missed our last changes, and keeps
-            # its copy of the grants (also when we closed the link for its
-            # silence): note what we release from now on (see released).
-            self.releases.startNoting(
-                self.locks.lastToken(), self.links.lastHeard.get(j, 0.0) - self.peerTimeout)
-        if not self.links.channelLost(channel, clean):
-            return
-        if channel.replicating and not channel.lagging:
-            # (A follower we cut off for not reading is not waited for.)
-            self.gate()
-        current = self.handoffs.current
-        if not channel.outbound and current is not None and current.successor == j:
-            self.handoffs.lost(j)
-
-    def peerGone(self, j: int) -> None:
-        """
-        The links are sure peer C{j}'s process is gone (FIN, then refused).
-        """
-        self.heartbeats.refreshViews()
-        self.evaluate()
-
-    def peerLines(self, channel: PeerChannel, lines: List[bytes]) -> None:
-        self.receiver.peerLines(channel, lines)
+        """The server's C{peerAcceptor} (see L{Receiver.acceptPeer})."""
+        return self.receiver.acceptPeer(transport, hello)
 
     # -- the following side (IFollowerOwner) -------------------------------------
 
@@ -355,41 +276,24 @@ class Cluster(Service):
         self.learnTerm(term)
         self.term = term
 
-    def synchronised(self, j: int) -> None:
-        if self.role == SYNCING:
-            self.setRole(STANDBY)
-            self.log.info(
-                "synchronised from {peer} ({keys} held keys) in {seconds:.3f} s "
-                "(longest silence from it meanwhile: {silence:.0f} ms)",
-                peer=self.name(j), keys=self.locks.heldCount(),
-                seconds=self.clock.seconds() - self.following.syncStartedAt,
-                silence=self.links.longestSilence.get(j, 0.0) * 1000)
-            self.broadcastHeartbeat()
+    def synchronised(self, j: int) -> bool:
+        if self.role != SYNCING:
+            return False
+        self.setRole(STANDBY)
+        self.broadcastHeartbeat()
+        return True
 
     def follow(self, j: int, merge: bool) -> None:
         if merge:
             # Our keys mirror our leader's stream (or are our own, when we
             # step down): the offer says whose (see terms.Eras).
             self.eras.leaving(self.me, self.leader, self.term)
-        if self.leader != j:
-            self.log.info("following {peer}", peer=self.name(j))
-        self.leader = j
-        self.following.followed()
-        channel = self.links.outbound.get(j)
-        if channel is not None:
-            self._sync(channel)
+        previous, self.leader = self.leader, j
+        self.following.followed(previous, j)
         self.broadcastHeartbeat()
 
-    def _sync(self, channel: PeerChannel) -> None:
-        """
-        Ask our leader for its state; first offer it our held keys when we
-        come from a heal (they arrive before the SYNC, so its snapshot
-        already holds them).
-        """
-        self.healing.sendOffer(channel)
-        if self.clockSuspect is None:
-            # (A node that distrusts its clock would refuse the snapshot.)
-            channel.send(peerwire.SYNC)
+    def sync(self, channel: Any) -> None:
+        self.following.sync(channel)
 
     # -- decisions -------------------------------------------------------------
 
@@ -446,15 +350,7 @@ class Cluster(Service):
         self.broadcastHeartbeat()
 
     def unsubscribed(self) -> List[int]:
-        """
-        The live peers that do not receive our replication stream: it did
-        not ask for it on its current link, or its heartbeat does not say
-        it follows us (a link left over from an earlier term).
-        """
-        inbound = self.links.inbound
-        return [j for j, v in self.views.items()
-                if v.alive and v.role != LEAVING and not v.clockSuspect
-                and not (j in inbound and inbound[j].replicating and v.leader == self.me)]
+        return unsubscribed(self.me, self.views, self.links.inbound)
 
     def subscribed(self) -> None:
         self.gate()

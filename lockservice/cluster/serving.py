@@ -24,7 +24,9 @@ on the L{Verdict}.
 from __future__ import annotations
 
 from math import inf
-from typing import Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional
+
+from lockservice.core.election import LEAVING, PeerView
 
 # How long a new active waits for a live peer that does not subscribe to
 # its stream before it serves anyway (in units of --peer-timeout): a peer
@@ -38,6 +40,19 @@ def frozenAfter(heartbeat: float, peerTimeout: float) -> float:
     time a peer has to notice, and well over the heartbeat period itself.
     """
     return max(peerTimeout / 2, 2.5 * heartbeat)
+
+
+def unsubscribed(me: int, views: Mapping[int, PeerView], inbound: Mapping[int, Any]) -> List[int]:
+    """
+    The live peers that do not receive our replication stream: it did
+    not ask for it on its current link (C{inbound[j].replicating}), or its
+    heartbeat does not say it follows us (a link left over from an
+    earlier term).  A peer leaving, or that distrusts its own clock, holds
+    nothing to wait for.
+    """
+    return [j for j, v in views.items()
+            if v.alive and v.role != LEAVING and not v.clockSuspect
+            and not (j in inbound and inbound[j].replicating and v.leader == me)]
 
 
 class Verdict(NamedTuple):
