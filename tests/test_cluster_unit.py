@@ -897,8 +897,9 @@ def test_a_syncing_node_with_a_mismatched_peer_does_not_promote() -> None:
     lab = Lab(me=1)
     # What answers on node 0's address fails our proof, and node 0 dials
     # us and fails too: a node with another secret.
-    lab.cluster.receiver.handshakeFailed(0, outbound=True, why="secret mismatch")
-    lab.cluster.receiver.handshakeFailed(0, outbound=False, why="secret mismatch", source="10.0.0.1:5")
+    receiver = lab.cluster.receiver
+    receiver.handshakeFailed(0, outbound=True, why="secret mismatch")
+    receiver.handshakeFailed(0, outbound=False, why="secret mismatch", source="10.0.0.1:5")
     lab.clock.advance(2.5)
     lab.cluster.tick()
     assert lab.cluster.role == SYNCING

@@ -26,8 +26,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.task import deferLater
 from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from lockservice.cluster import peerwire

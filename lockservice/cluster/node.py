@@ -35,7 +35,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from lockservice.cluster import clocktrust, peerwire, terms
+from lockservice.cluster import clocktrust, terms
 from lockservice.cluster.following import Following
 from lockservice.cluster.handoff import Handoffs
 from lockservice.cluster.healing import Healing
