@@ -1012,3 +1012,65 @@ def test_a_stranger_squatting_a_dead_peers_port_does_not_block_promotion() -> No
         lab.cluster.tick()
     assert lab.cluster.role == ACTIVE
     assert not lab.cluster.views[0].secretMismatch
+
+
+# -- the mirror: batches through the service, told to the observers once ---------
+
+
+class Batches:
+    """
+    A mirror observer that records each batch it is told of.
+    """
+
+    def __init__(self) -> None:
+        self.batches: List[List[Tuple[bytes, int]]] = []
+
+    def mirrored(self, now: float, changes) -> None:  # type: ignore[no-untyped-def]
+        self.batches.append([(key, token) for key, token, _, _, _ in changes])
+
+
+def test_a_standby_mirrors_each_read_as_one_batch_through_the_service() -> None:
+    """
+    Each read's changes reach the service's mirror observers in one call,
+    after the table has them; a standby's stream is not the operator's
+    business (the monitor skips it) and goes to no standby of ours.
+    """
+    from lockservice.server.monitor import Monitor
+
+    lab = Lab(me=1)
+    leader = following(lab)
+    batches = Batches()
+    monitor = Monitor(lab.clock, lab.locks.table.clientOf, wallTime=lambda: 0.0)
+    monitor.roleChanged(lab.clock.seconds(), lab.locks.role, [])  # as makeService wires it
+    lab.locks.notify.mirrors.extend([batches, monitor])
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H a 7 10000000 0", b"H b 8 10000000 0",
+             b"SNAPEND", b"G c 9 5000000 0", b"D b 8")
+    assert batches.batches == [[(b"a", 7), (b"b", 8)], [(b"c", 9), (b"b", 8)]]
+    assert sorted(dict(lab.locks.heldKeys())) == [b"a", b"c"]
+    assert monitor.events.since()[0] == [] and lab.locks.stats.merged == 0
+
+
+def test_a_grant_merged_on_a_heal_is_seen_by_the_metrics_and_the_operators_view() -> None:
+    from lockservice.core import events
+    from lockservice.server.metrics import Metrics
+    from lockservice.server.monitor import Monitor
+
+    lab = Lab()
+    monitor = Monitor(lab.clock, lab.locks.table.clientOf, wallTime=lambda: 0.0, warnHold=60)
+    lab.locks.activity.append(monitor)
+    lab.locks.notify.mirrors.append(monitor)
+    metrics = Metrics(lab.locks, lab.cluster, monitor)
+    follower, (mine,), loser = winnerHolding(lab, b"mine")
+    lab.hear(loser, b"MERGE theirs 77 120000000 1000000", b"MERGE mine %d 1 0" % (mine - 1),
+             b"SYNC")
+    assert lab.cluster.merged == 1
+    assert b"lockservice_merged_grants_total 1.0" in metrics.render()
+    merged = [e for e in monitor.events.since()[0] if e.key == b"theirs"]
+    assert [(e.type, e.token, e.detail) for e in merged] == [
+        (events.GRANT, 77, "merged on a heal")]
+    # Watched like any grant: a long hold is flagged (granted 1 s before
+    # the heal, it is checked with the grants watched before it).
+    lab.clock.advance(58.5)
+    assert not monitor.isLongHold(b"theirs", 77)
+    lab.clock.advance(1.5)
+    assert monitor.isLongHold(b"theirs", 77)

@@ -645,4 +645,7 @@ class Monitor:
             self._event(ev.GRANT, key, token, None, "merged on a heal")
             if self.warnHold is not None:
                 self._held[(key, token)] = _Held(token, None, grantedAt)
-                self._watch(grantedAt + self.warnHold, key, token)
+                # Granted before the grants watched already: not before
+                # them (the long-hold deadlines are a FIFO).
+                at = grantedAt + self.warnHold
+                self._watch(max(at, self._due[-1][0]) if self._due else at, key, token)
