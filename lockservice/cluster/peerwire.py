@@ -1,9 +1,14 @@
 # -*- test-case-name: tests.test_peerwire -*-
 """
-The peer line format: every line a peer channel carries once the
-handshake is done (see L{lockservice.cluster.peer} for the handshake),
-built and parsed here and nowhere else, as L{lockservice.core.wire} is
-for clients.
+The peer line format: every line a peer channel carries, built and
+parsed here and nowhere else, as L{lockservice.core.wire} is for clients.
+First the handshake (its rules and proofs are L{lockservice.cluster.peer}):
+
+    HELLO <version> <connector> <acceptor> <nonce>
+    CHALLENGE <nonce> <mac>   AUTH <mac>   WELCOME <mac>
+    E * * <why>                             a refusal, and the link closes
+
+then, once authenticated:
 
     HB <term> <role> <leader|-> <last_token> [suspect]
                                             every node, on every link, every --heartbeat
@@ -45,6 +50,11 @@ from lockservice.core.election import ROLES, SYNCING
 from lockservice.core.table import EXCLUSIVE
 from lockservice.core.wire import formatShare, parseShare
 
+HELLO = b"HELLO"
+CHALLENGE = b"CHALLENGE"
+AUTH = b"AUTH"
+WELCOME = b"WELCOME"
+REFUSAL = b"E"
 HB = b"HB"
 SYNC = b"SYNC"
 SNAP = b"SNAP"
@@ -91,6 +101,32 @@ class Malformed(ValueError):
 
 def micros(seconds: float) -> int:
     return int(seconds * 1e6)
+
+
+# -- the handshake ------------------------------------------------------------------
+
+
+def hello(version: bytes, connector: bytes, acceptor: bytes, nonce: bytes) -> bytes:
+    return b" ".join([HELLO, version, connector, acceptor, nonce])
+
+
+def challenge(nonce: bytes, mac: bytes) -> bytes:
+    return b" ".join([CHALLENGE, nonce, mac])
+
+
+def auth(mac: bytes) -> bytes:
+    return AUTH + b" " + mac
+
+
+def welcome(mac: bytes) -> bytes:
+    return WELCOME + b" " + mac
+
+
+def refusal(why: bytes) -> bytes:
+    """
+    The line a refused handshake ends with (the client wire's error form).
+    """
+    return b"E * * " + why
 
 
 # -- heartbeats ------------------------------------------------------------------
