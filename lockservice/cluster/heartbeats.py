@@ -14,7 +14,7 @@ first and judges after (see L{Heartbeats.tick}).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from twisted.logger import Logger
 
@@ -37,7 +37,8 @@ class Heartbeats:
     log = Logger()
 
     def __init__(self, owner: IHeartbeatOwner, locks: LockService, links: Links,
-                 views: Dict[int, PeerView], gate: Gate, wallMicros: Any) -> None:
+                 views: Dict[int, PeerView], gate: Gate,
+                 wallMicros: Callable[[], int]) -> None:
         self.owner = owner
         self.locks = locks
         self.clock = locks.clock
