@@ -533,6 +533,7 @@ def makeService(config: Options) -> IService:
         # (Detached only by `python -m lockservice.bench suite`, to measure
         # what the operator's view costs: never in production.)
         locks.activity.append(monitor)
+        locks.notify.mirrors.append(monitor)  # grants merged on a heal
     cluster = None
     if len(config["peerList"]) > 1:
         from lockservice.cluster.node import Cluster

@@ -61,10 +61,10 @@ class Lab:
         An authenticated link to peer C{j}, as the handshake leaves it.
         """
         t = Transport(f"{'out' if outbound else 'in'}{j}", self.log)
-        channel = PeerChannel(self.cluster, t, outbound=outbound, remote=j)
+        channel = PeerChannel(self.cluster.receiver, t, outbound=outbound, remote=j)
         channel._cancelTimeout()
         channel.authenticated = True
-        self.cluster.channelUp(channel)
+        self.cluster.receiver.channelUp(channel)
         t.clear()
         return channel
 
@@ -363,13 +363,13 @@ def test_a_standby_acknowledges_each_read_on_receipt_and_reads_unpaced() -> None
     lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND")
     lines(leader)
     acked: List[bytes] = []
-    applied = lab.cluster.stream.applyChanges
+    applied = lab.cluster.following.applyChanges
 
     def applyChanges(j, channel, changes):  # type: ignore[no-untyped-def]
         acked.append(lab.log[-1][1])  # what was written before applying
         applied(j, channel, changes)
 
-    lab.cluster.stream.applyChanges = applyChanges  # type: ignore[method-assign]
+    lab.cluster.following.applyChanges = applyChanges  # type: ignore[method-assign]
     lab.hear(leader, b"G a 11 5000000 0", b"S 7", b"G b 12 5000000 0", b"S 8")
     assert lines(leader) == [b"ACK 8"]
     assert acked[0] == b"ACK 8\n"
@@ -577,7 +577,7 @@ def test_after_a_promotion_every_offer_is_merged() -> None:
     lab = Lab(me=1)
     leader = following(lab, leader=0)
     lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND")
-    lab.cluster.inheritedFrom = (0, NOW_US)  # from an earlier handoff
+    lab.cluster.eras.inheritedFrom = (0, NOW_US)  # from an earlier handoff
     lab.cluster._promote()
     fromOther = lab.link(2, outbound=False)
     lab.hear(fromOther, b"OFFER 0 %d" % NOW_US, b"MERGE missed 3 30000000 0", b"SYNC")
@@ -597,7 +597,7 @@ def test_the_losers_releases_stay_released_after_the_heal() -> None:
     waiter = lab.client()
     lab.protocol.dataReceived(b"A waited 30 10\n")
     lab.clock.advance(0)
-    lab.cluster.inheritedFrom = (1, NOW_US)
+    lab.cluster.eras.inheritedFrom = (1, NOW_US)
     lab.hear(loser, b"OFFER 1 %d" % NOW_US, b"RELEASED gone %d" % gone,
              b"RELEASED waited %d" % waited, b"RELEASED other %d" % (other - 1),
              b"MERGE gone %d 30000000 0" % gone, b"SYNC")
@@ -701,7 +701,7 @@ def test_a_node_far_behind_its_peers_stands_by_and_says_why() -> None:
     assert report["role"] == "standby" and report["active"] == PEERS[1]
     assert "ahead of this node's clock" in report["clock_warning"]
     assert sum("looks wrong" in line for line in said) == 1, said
-    assert lab.cluster.heartbeatLine().endswith(b" suspect")
+    assert lab.cluster.heartbeats.line().endswith(b" suspect")
     ahead.connectionLost(Failure(ConnectionLost()))
     ticks(lab, 1.5)
     assert lab.cluster.clockSuspect is None
@@ -897,8 +897,9 @@ def test_a_syncing_node_with_a_mismatched_peer_does_not_promote() -> None:
     lab = Lab(me=1)
     # What answers on node 0's address fails our proof, and node 0 dials
     # us and fails too: a node with another secret.
-    lab.cluster.handshakeFailed(0, outbound=True, why="secret mismatch")
-    lab.cluster.handshakeFailed(0, outbound=False, why="secret mismatch", source="10.0.0.1:5")
+    receiver = lab.cluster.receiver
+    receiver.handshakeFailed(0, outbound=True, why="secret mismatch")
+    receiver.handshakeFailed(0, outbound=False, why="secret mismatch", source="10.0.0.1:5")
     lab.clock.advance(2.5)
     lab.cluster.tick()
     assert lab.cluster.role == SYNCING
@@ -1006,8 +1007,70 @@ def test_a_stranger_squatting_a_dead_peers_port_does_not_block_promotion() -> No
     # Something on node 0's address answers our HELLO with a wrong proof
     # (over and over), but nothing claiming to be node 0 ever dials us.
     for _ in range(30):
-        lab.cluster.handshakeFailed(0, outbound=True, why="secret mismatch")
+        lab.cluster.receiver.handshakeFailed(0, outbound=True, why="secret mismatch")
         lab.clock.advance(0.1)
         lab.cluster.tick()
     assert lab.cluster.role == ACTIVE
     assert not lab.cluster.views[0].secretMismatch
+
+
+# -- the mirror: batches through the service, told to the observers once ---------
+
+
+class Batches:
+    """
+    A mirror observer that records each batch it is told of.
+    """
+
+    def __init__(self) -> None:
+        self.batches: List[List[Tuple[bytes, int]]] = []
+
+    def mirrored(self, now: float, changes) -> None:  # type: ignore[no-untyped-def]
+        self.batches.append([(key, token) for key, token, _, _, _ in changes])
+
+
+def test_a_standby_mirrors_each_read_as_one_batch_through_the_service() -> None:
+    """
+    Each read's changes reach the service's mirror observers in one call,
+    after the table has them; a standby's stream is not the operator's
+    business (the monitor skips it) and goes to no standby of ours.
+    """
+    from lockservice.server.monitor import Monitor
+
+    lab = Lab(me=1)
+    leader = following(lab)
+    batches = Batches()
+    monitor = Monitor(lab.clock, lab.locks.table.clientOf, wallTime=lambda: 0.0)
+    monitor.roleChanged(lab.clock.seconds(), lab.locks.role, [])  # as makeService wires it
+    lab.locks.notify.mirrors.extend([batches, monitor])
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H a 7 10000000 0", b"H b 8 10000000 0",
+             b"SNAPEND", b"G c 9 5000000 0", b"D b 8")
+    assert batches.batches == [[(b"a", 7), (b"b", 8)], [(b"c", 9), (b"b", 8)]]
+    assert sorted(dict(lab.locks.heldKeys())) == [b"a", b"c"]
+    assert monitor.events.since()[0] == [] and lab.locks.stats.merged == 0
+
+
+def test_a_grant_merged_on_a_heal_is_seen_by_the_metrics_and_the_operators_view() -> None:
+    from lockservice.core import events
+    from lockservice.server.metrics import Metrics
+    from lockservice.server.monitor import Monitor
+
+    lab = Lab()
+    monitor = Monitor(lab.clock, lab.locks.table.clientOf, wallTime=lambda: 0.0, warnHold=60)
+    lab.locks.activity.append(monitor)
+    lab.locks.notify.mirrors.append(monitor)
+    metrics = Metrics(lab.locks, lab.cluster, monitor)
+    follower, (mine,), loser = winnerHolding(lab, b"mine")
+    lab.hear(loser, b"MERGE theirs 77 120000000 1000000", b"MERGE mine %d 1 0" % (mine - 1),
+             b"SYNC")
+    assert lab.cluster.merged == 1
+    assert b"lockservice_merged_grants_total 1.0" in metrics.render()
+    merged = [e for e in monitor.events.since()[0] if e.key == b"theirs"]
+    assert [(e.type, e.token, e.detail) for e in merged] == [
+        (events.GRANT, 77, "merged on a heal")]
+    # Watched like any grant: a long hold is flagged (granted 1 s before
+    # the heal, it is checked with the grants watched before it).
+    lab.clock.advance(58.5)
+    assert not monitor.isLongHold(b"theirs", 77)
+    lab.clock.advance(1.5)
+    assert monitor.isLongHold(b"theirs", 77)

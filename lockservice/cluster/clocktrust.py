@@ -26,9 +26,6 @@ from typing import Dict, Iterable, Optional, Tuple
 # How far ahead of our clock a peer's token or term may be (microseconds).
 PLAUSIBLE_AHEAD = 3600 * 10**6
 
-# The word a heartbeat ends with while its node distrusts its own clock.
-SUSPECT = b"suspect"
-
 
 def aheadBy(value: int, ourMicros: int) -> Optional[int]:
     """

@@ -23,20 +23,22 @@ actives of one term.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Dict, Optional
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from lockservice.cluster import peerwire
+from lockservice.cluster.interfaces import IHandoffOwner
+from lockservice.cluster.links import Links
 from lockservice.cluster.peer import PeerChannel
-from lockservice.core.election import ACTIVE, HANDING_OFF, LEAVING, STANDBY
-
-if TYPE_CHECKING:
-    from lockservice.cluster.node import Cluster
+from lockservice.core.election import ACTIVE, STANDBY, PeerView
 
 HANDOFF_CHECK = 0.5
 HANDOFF_GIVE_UP = 6.0
+FLUSH_BEFORE_EXIT = 0.1
 
 
 class Attempt:
@@ -51,14 +53,44 @@ class Attempt:
 
 class Handoffs:
     """
-    The handoff in progress, if any, on either side.
+    The handoff in progress, if any, on either side.  It tells its owner
+    what happened (L{IHandoffOwner}); the owner changes role and term.
     """
 
     log = Logger()
 
-    def __init__(self, cluster: "Cluster") -> None:
-        self.cluster = cluster
+    def __init__(self, owner: IHandoffOwner, clock: Any, links: Links,
+                 views: Dict[int, PeerView], me: int) -> None:
+        self.owner = owner
+        self.clock = clock
+        self.links = links
+        self.views = views
+        self.me = me
         self.current: Optional[Attempt] = None
+
+    async def beforeStopping(self) -> None:
+        """
+        On SIGINT/SIGTERM, an active node hands over to the highest-priority
+        live standby (its stream is already up to date) before it lets its
+        clients go.  One successor at a time: the next candidate is only
+        tried once the previous one surely did not take over.
+        """
+        if self.owner.role != ACTIVE:
+            return
+        inbound = self.links.inbound
+        candidates = sorted(
+            j for j, v in self.views.items()
+            if v.alive and v.role == STANDBY and v.leader == self.me
+            and not v.clockSuspect and j in inbound and inbound[j].synced
+        )
+        if not candidates:
+            self.log.warn("stopping with no live standby: held locks end with this node")
+        for j in candidates:
+            if await self.start(j, stopping=True):
+                await deferLater(self.clock, FLUSH_BEFORE_EXIT, lambda: None)
+                break
+            if self.owner.role != ACTIVE:
+                break
 
     def start(self, j: int, stopping: bool) -> "Deferred[bool]":
         """
@@ -66,19 +98,18 @@ class Handoffs:
 
         @return: fires with True once C{j} took over, False when it did not.
         """
-        cluster = self.cluster
-        channel = cluster.links.inbound.get(j)
-        if channel is None or not channel.synced or cluster.role != ACTIVE:
+        owner = self.owner
+        channel = self.links.inbound.get(j)
+        if channel is None or not channel.synced or owner.role != ACTIVE:
             return succeed(False)
-        attempt = Attempt(j, cluster.newTerm(), stopping, cluster.clock.seconds())
+        attempt = Attempt(j, owner.newTerm(), stopping, self.clock.seconds())
         self.current = attempt
-        self.log.info("handing off to {peer} (term {term})", peer=cluster.name(j),
+        self.log.info("handing off to {peer} (term {term})", peer=owner.name(j),
                       term=attempt.term)
-        cluster.setRole(HANDING_OFF)
-        cluster.stream.flush()
-        channel.send(b"HANDOFF %d" % attempt.term)
-        cluster.broadcastHeartbeat()
-        attempt.timer = cluster.clock.callLater(HANDOFF_CHECK, self._check)
+        owner.handingOff()
+        channel.send(peerwire.handoff(attempt.term))
+        owner.broadcastHeartbeat()
+        attempt.timer = self.clock.callLater(HANDOFF_CHECK, self._check)
         return attempt.done
 
     def _check(self) -> None:
@@ -86,67 +117,44 @@ class Handoffs:
         if attempt is None:
             return
         attempt.timer = None
-        cluster = self.cluster
         j = attempt.successor
-        view = cluster.views[j]
+        view = self.views[j]
         if view.alive and view.role == ACTIVE and view.term >= attempt.term:
             # Its TAKEN was lost, but it did take over.
             return self.taken(j, view.term)
-        waited = cluster.clock.seconds() - attempt.startedAt
-        if not cluster.links.alive(j):
-            return self.failed(f"{cluster.name(j)} is gone")
+        waited = self.clock.seconds() - attempt.startedAt
+        if not self.links.alive(j):
+            return self.failed(f"{self.owner.name(j)} is gone")
         if waited >= HANDOFF_GIVE_UP:
             return self.failed("no answer to the handoff")
-        attempt.timer = cluster.clock.callLater(HANDOFF_CHECK, self._check)
+        attempt.timer = self.clock.callLater(HANDOFF_CHECK, self._check)
 
     def takeOver(self, j: int, channel: PeerChannel, term: int) -> None:
         """
         Our leader hands us the active role.
         """
-        cluster = self.cluster
-        if (not cluster.fromLeader(j, channel) or cluster.role != STANDBY or cluster.stopping
-                or not cluster.plausible(j, term, "term")):
-            channel.send(b"REFUSED %d" % term)
+        owner = self.owner
+        if (not owner.fromLeader(j, channel) or owner.role != STANDBY or owner.stopping
+                or not owner.plausible(j, term, "term")):
+            channel.send(peerwire.refused(term))
             return
-        # Everything of our leader's term reached us before its HANDOFF:
-        # a standby's offer of keys from that same stream brings nothing
-        # new, only keys dropped since (see Stream.offered).
-        cluster.inheritedFrom = (j, cluster.term)
-        cluster.term = term
-        cluster.learnTerm(term)
-        cluster.leader = None
-        cluster.promotions += 1
-        cluster.setRole(ACTIVE)
-        self.log.warn("took over from {peer} by handoff (term {term}) with {keys} held keys",
-                      peer=cluster.name(j), term=term, keys=cluster.locks.heldCount())
-        cluster.eventSink("promotion", cluster.name(cluster.me),
-                          f"by handoff from {cluster.name(j)}, term {term}")
-        channel.send(b"TAKEN %d" % term)
-        cluster.broadcastHeartbeat()
+        owner.tookOver(j, term)
+        channel.send(peerwire.taken(term))
+        owner.broadcastHeartbeat()
 
     def taken(self, j: int, term: int) -> None:
         attempt = self.current
         if attempt is None or attempt.successor != j or attempt.term != term:
             return
         self._end(attempt)
-        cluster = self.cluster
-        cluster.term = term
-        cluster.leader = j
-        cluster.views[j].role = ACTIVE
-        cluster.views[j].term = term
-        cluster.setRole(LEAVING if attempt.stopping else STANDBY)
-        self.log.warn("handed off to {peer} (term {term})", peer=cluster.name(j), term=term)
-        cluster.eventSink("handoff", cluster.name(j), f"handed off to it, term {term}")
-        if not attempt.stopping:
-            cluster.follow(j, merge=False)
-        else:
-            cluster.broadcastHeartbeat()
+        self.log.warn("handed off to {peer} (term {term})", peer=self.owner.name(j), term=term)
+        self.owner.handedOff(j, term, attempt.stopping)
         attempt.done.callback(True)
 
     def refused(self, j: int, term: int) -> None:
         attempt = self.current
         if attempt is not None and attempt.successor == j and attempt.term == term:
-            self.failed(f"{self.cluster.name(j)} refused the handoff")
+            self.failed(f"{self.owner.name(j)} refused the handoff")
 
     def lost(self, j: int) -> None:
         """
@@ -159,11 +167,9 @@ class Handoffs:
         if attempt is None:
             return
         self._end(attempt)
-        cluster = self.cluster
-        self.log.warn("handoff to {peer} failed: {why}", peer=cluster.name(attempt.successor),
-                      why=why)
-        cluster.setRole(ACTIVE)
-        cluster.broadcastHeartbeat()
+        self.log.warn("handoff to {peer} failed: {why}",
+                      peer=self.owner.name(attempt.successor), why=why)
+        self.owner.handoffFailed()
         attempt.done.callback(False)
 
     def _end(self, attempt: Attempt) -> None:

@@ -4,7 +4,8 @@ The heal merge: what the side that loses a heal brings the winner, and
 the per-grant rules the winner applies (SPEC section 4, "healing merges,
 it does not wipe", v3).
 
-The offer, one line each, sent before the loser's C{SYNC} so the
+The offer, one line each (built and parsed in
+L{lockservice.cluster.peerwire}), sent before the loser's C{SYNC} so the
 winner's snapshot already reflects it:
 
     OFFER <leader> <term>                the lines mirror <leader>'s stream of <term>
@@ -32,11 +33,7 @@ L{decide}.  Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Tuple
-
-OFFER = b"OFFER"
-RELEASED = b"RELEASED"
-MERGE = b"MERGE"
+from typing import Optional, Tuple
 
 # On a heal, an offered copy of a grant we hold (same token) whose deadline
 # is later by more than this was renewed on the other side (seconds; an
@@ -77,21 +74,3 @@ def releasedThere(held: Optional[int], token: int) -> bool:
     loser's note that it released grant C{token} of that key.
     """
     return held == token
-
-
-def offerLines(origin: Tuple[int, int], released: Iterable[Tuple[bytes, int]],
-               grants: Iterable[Tuple[bytes, int, int, int, Optional[bytes]]]) -> bytes:
-    """
-    The offer, as written on the link (empty when there is nothing to offer).
-
-    @param origin: the (leader, term) whose stream the lines mirror.
-    @param released: (key, token) of each release note.
-    @param grants: (key, token, remaining_us, age_us, share) of each held
-        grant; share is None for an exclusive grant (no sixth field).
-    """
-    lines = [b"RELEASED %s %d" % note for note in released]
-    lines.extend(b"MERGE %s %d %d %d" % grant[:4] if grant[4] is None
-                 else b"MERGE %s %d %d %d %s" % grant for grant in grants)
-    if not lines:
-        return b""
-    return b"OFFER %d %d\n" % origin + b"\n".join(lines) + b"\n"

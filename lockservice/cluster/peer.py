@@ -4,9 +4,10 @@ Peer connections: the handshake that proves knowledge of the shared
 secret, then a line channel carrying cluster messages.
 
 Peers use the client port.  The connecting node's first line is
-C{HELLO}.  Every proof is an HMAC-SHA256 under the shared secret over the
-same transcript: who connects (C), whom it means to reach (A), and both
-sides' fresh nonces; a label names the step, and so its direction:
+C{HELLO} (every line is built in L{lockservice.cluster.peerwire}).  Every
+proof is an HMAC-SHA256 under the shared secret over the same transcript:
+who connects (C), whom it means to reach (A), and both sides' fresh
+nonces; a label names the step, and so its direction:
 
     connector C                                    acceptor A
     HELLO 2 <C> <A> <nonceC>                  ->
@@ -40,6 +41,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from lockservice.cluster import peerwire
 from lockservice.internals import plainSocket, readWaiting, unsentProbe, watchSocketError
 from lockservice.tcp import noDelay
 
@@ -135,7 +137,7 @@ class PeerChannel:
         self.applied = False
         self.snapshot: Optional[Any] = None
         # (inbound) the MERGE lines that follow repeat a stream we already
-        # have whole (see Stream.offered).
+        # have whole (see Healing.offered).
         self.staleOffer = False
         self.closing = False
         # (replication) since when a follower has left our writes unread,
@@ -184,12 +186,12 @@ class PeerChannel:
 
     def sendHello(self) -> None:
         assert self.remote is not None
-        self.send(b" ".join([b"HELLO", PROTOCOL_VERSION, self.cluster.myEntry,
-                             self.cluster.peers[self.remote], self._nonce]))
+        self.send(peerwire.hello(PROTOCOL_VERSION, self.cluster.myEntry,
+                                 self.cluster.peers[self.remote], self._nonce))
 
     def _handshake(self, fields: List[bytes]) -> None:
         if self._step == "hello":
-            if len(fields) != 5 or fields[0] != b"HELLO" or fields[1] != PROTOCOL_VERSION:
+            if len(fields) != 5 or fields[0] != peerwire.HELLO or fields[1] != PROTOCOL_VERSION:
                 return self._refuse(b"bad peer hello")
             remote = self.cluster.indexOf(fields[2])
             if remote is None or remote == self.cluster.me:
@@ -200,30 +202,30 @@ class PeerChannel:
                 return self._refuse(b"bad peer hello")
             self.remote = remote
             self._theirNonce = fields[4]
-            self.send(b"CHALLENGE " + self._nonce + b" " + self._proof(b"challenge"))
+            self.send(peerwire.challenge(self._nonce, self._proof(b"challenge")))
             self._step = "auth"
         elif self._step == "auth":
             # A wrong AUTH, or the refusal of a node that found our proof
             # wrong (its "E" line): either way the claimed peer does not
             # share our secret.
-            answered = fields[0] in (b"AUTH", b"E")
-            proven = len(fields) == 2 and fields[0] == b"AUTH"
+            answered = fields[0] in (peerwire.AUTH, peerwire.REFUSAL)
+            proven = len(fields) == 2 and fields[0] == peerwire.AUTH
             if not proven or not hmac.compare_digest(fields[1], self._proof(b"auth")):
                 return self._refuse(b"peer authentication failed", mismatch=answered)
-            self.send(b"WELCOME " + self._proof(b"welcome"))
+            self.send(peerwire.welcome(self._proof(b"welcome")))
             self._authenticated()
         elif self._step == "challenge":
-            if len(fields) != 3 or fields[0] != b"CHALLENGE":
+            if len(fields) != 3 or fields[0] != peerwire.CHALLENGE:
                 return self._refuse(b"bad challenge")
             if not _isNonce(fields[1]) or fields[1] == self._nonce:
                 return self._refuse(b"bad challenge")
             self._theirNonce = fields[1]
             if not hmac.compare_digest(fields[2], self._proof(b"challenge")):
                 return self._refuse(b"peer authentication failed", mismatch=True)
-            self.send(b"AUTH " + self._proof(b"auth"))
+            self.send(peerwire.auth(self._proof(b"auth")))
             self._step = "welcome"
         elif self._step == "welcome":
-            welcomed = len(fields) == 2 and fields[0] == b"WELCOME"
+            welcomed = len(fields) == 2 and fields[0] == peerwire.WELCOME
             if not welcomed or not hmac.compare_digest(fields[1], self._proof(b"welcome")):
                 return self._refuse(b"not welcomed", mismatch=welcomed)
             self._authenticated()
@@ -247,7 +249,7 @@ class PeerChannel:
                 peer=self.transport.getPeer(), why=why.decode(),  # type: ignore[attr-defined]
             )
         self.closing = True
-        self.transport.write(b"E * * " + why + b"\n")
+        self.transport.write(peerwire.refusal(why) + b"\n")
         self.transport.loseConnection()  # type: ignore[attr-defined]
 
     def _cancelTimeout(self) -> None:

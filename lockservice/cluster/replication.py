@@ -1,24 +1,9 @@
-# -*- test-case-name: tests.test_replication -*-
+# -*- test-case-name: tests.test_cluster_unit -*-
 """
-The replication stream: what an active node sends its standbys, and how a
-standby (or, on a heal, the winner) applies it.
-
-Lines on a peer channel:
-
-    SYNC                                    follower -> leader: send state, then stream
-    OFFER, RELEASED, MERGE lines            follower -> leader, before SYNC, on a heal:
-                                            what the follower holds and released
-                                            (see L{lockservice.cluster.merge})
-    SNAP <term> <last_token>                leader -> follower: a snapshot begins
-    H <key> <token> <remaining_us> <age_us> one held key of the snapshot
-    SNAPEND                                 the snapshot is complete
-    SYNCED                                  follower -> leader: it applied the snapshot
-    G <key> <token> <remaining_us> <age_us> a grant or a renewal (live stream)
-    D <key> <token>                         a release or an expiry (live stream)
-    S <position>                            --replication ack: the stream up to here
-                                            is <position> (one line per flush)
-    ACK <position>                          follower -> leader, on receipt, once per
-                                            read: it has received up to <position>
+The replication stream, on the active's side: what it sends its standbys
+(SYNC, SNAP, H, SNAPEND, G, D, S and ACK lines: see
+L{lockservice.cluster.peerwire}), and the gate client answers wait at.
+The standby's side is L{lockservice.cluster.following}.
 
 The live stream is written to the standbys' sockets before any client
 answer (L{Stream} is the lock service's answer gate, see
@@ -39,21 +24,30 @@ ends with the leader's state whatever changed meanwhile.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Sequence
 
 from twisted.internet.interfaces import IDelayedCall, IPullProducer
+from twisted.logger import Logger
 from zope.interface import implementer
 
-from lockservice.cluster import merge as merging
-from lockservice.cluster.clocktrust import PLAUSIBLE_AHEAD
+from lockservice.cluster import peerwire
+from lockservice.cluster.interfaces import IStreamOwner
+from lockservice.cluster.links import Links
 from lockservice.cluster.peer import PeerChannel
-from lockservice.core.election import ACTIVE
-from lockservice.core.table import EXCLUSIVE, LockTable, fitTogether
-from lockservice.core.wire import formatShare, parseShare
+from lockservice.cluster.peerwire import (
+    DROP_LINE,
+    GRANT_LINE,
+    HELD_LINE,
+    SHARED_GRANT_LINE,
+    Change,
+    micros,
+)
+from lockservice.cluster.released import Releases
+from lockservice.core.election import ACTIVE, HANDING_OFF
+from lockservice.core.table import EXCLUSIVE
+from lockservice.core.wire import formatShare
 from lockservice.internals import flushToKernel, sendNow
-
-if TYPE_CHECKING:
-    from lockservice.cluster.node import Cluster
+from lockservice.server.service import LockService
 
 SNAPSHOT_CHUNK = 4000
 
@@ -70,71 +64,6 @@ def writeNow(channel: PeerChannel, data: bytes) -> None:
         flushToKernel(transport)
 
 
-def _us(seconds: float) -> int:
-    return int(seconds * 1e6)
-
-
-# -- shared keys (SPEC section 2, "Shared keys") --------------------------------
-# A grant of a shared key is a G/H/MERGE line with a sixth field, its share as
-# on the client wire (r, or the semaphore's slots); an exclusive grant's line
-# has none, as ever.  A shared key's grants go highest token first, so that a
-# heal that reads them one by one keeps what fitTogether keeps of them all.
-
-
-def sharedLines(kind: bytes, key: bytes, table: LockTable, now: float) -> List[bytes]:
-    """
-    The C{kind} (H, MERGE) lines of every grant of a shared C{key}.
-    """
-    return [b"%s %s %d %d %d %s" % (kind, key, token, _us(expiresAt - now), _us(now - grantedAt),
-                                    formatShare(share))
-            for token, grantedAt, expiresAt, share in table.sharedGrantsOf(key)]
-
-
-def shareField(fields: List[bytes]) -> int:
-    """
-    The share of a G/H/MERGE line (EXCLUSIVE without a sixth field).
-
-    @raise ValueError: a malformed share.
-    """
-    if len(fields) < 6:
-        return EXCLUSIVE
-    share = parseShare(fields[5])
-    if share is None:
-        raise ValueError(fields[5])
-    return share
-
-
-def mergeShared(locks: Any, key: bytes, token: int, share: int, remaining: float,
-                age: float) -> Tuple[bool, List[int]]:
-    """
-    On a heal, the winner's rule for an offered grant of a key that either
-    side holds in shared form: the grants of both sides that fit together
-    are kept, highest tokens first (L{fitTogether}).
-
-    @return: whether the offered grant is kept (and installed), and the
-        tokens of our own grants that it pushed out (dropped here; the
-        caller tells the standbys).
-    """
-    table: LockTable = locks.table
-    ours = table.sharedGrantsOf(key)
-    for held, _, expiresAt, _ in ours:
-        if held == token:
-            # The same grant on both sides: the later deadline wins (a
-            # renewal answered there), as for an exclusive grant.
-            if locks.clock.seconds() + remaining <= expiresAt + merging.RENEWAL_SLACK:
-                return False, []
-            locks.installHolder(key, token, remaining, age, share)
-            return True, []
-    kept = set(fitTogether([(held, s) for held, _, _, s in ours] + [(token, share)]))
-    if token not in kept:
-        return False, []
-    pushedOut = [held for held, _, _, _ in ours if held not in kept]
-    for held in pushedOut:
-        locks.dropHolder(key, held)
-    locks.installHolder(key, token, remaining, age, share)
-    return True, pushedOut
-
-
 @implementer(IPullProducer)
 class SnapshotProducer:
     """
@@ -148,36 +77,37 @@ class SnapshotProducer:
         self.keys = keys
         self.index = 0
         self.stopped = False
-        self.startedAt = stream.cluster.clock.seconds()
+        self.startedAt = stream.clock.seconds()
         assert channel.remote is not None
-        stream.cluster.links.longestSilence[channel.remote] = 0.0
+        stream.links.longestSilence[channel.remote] = 0.0
 
     def resumeProducing(self) -> None:
         if self.stopped:
             return
-        cluster = self.stream.cluster
+        stream = self.stream
         # The keys were copied at the start; each one's grant is read now
         # (it may have ended or changed since).
-        table = cluster.locks.table
+        table = stream.locks.table
         grantOf = table.grantOf
-        now = cluster.clock.seconds()
+        now = stream.clock.seconds()
         lines: List[bytes] = []
         end = self.index + SNAPSHOT_CHUNK
         for key in self.keys[self.index:end]:
             if table.isShared(key):
-                lines.extend(sharedLines(b"H", key, table, now))
+                lines.append(b"\n".join(peerwire.sharedLines(
+                    b"H", key, table.sharedGrantsOf(key), now)) + b"\n")
                 continue
             grant = grantOf(key)
             if grant is not None:
                 token, grantedAt, expiresAt = grant
-                lines.append(b"H %s %d %d %d" % (key, token, _us(expiresAt - now),
-                                                 _us(now - grantedAt)))
+                lines.append(HELD_LINE % (key, token, micros(expiresAt - now),
+                                          micros(now - grantedAt)))
         self.index = end
         done = self.index >= len(self.keys)
         if done:
-            lines.append(b"SNAPEND")
+            lines.append(peerwire.SNAPEND + b"\n")
         if lines:
-            self.channel.transport.write(b"\n".join(lines) + b"\n")
+            self.channel.transport.write(b"".join(lines))
         if done:
             self.stopped = True
             self.channel.snapshot = None
@@ -197,15 +127,25 @@ MODES = (ACK, SENT)
 
 class Stream:
     """
-    Both ends of the replication stream, for one node, and the gate client
-    answers wait at (L{lockservice.server.turn.Gate}): a position is one
-    flush of the stream.
+    The sending side of the replication stream (a LockService change
+    observer and mirror observer), and the gate client answers wait at
+    (L{lockservice.server.turn.Gate}): a position is one flush of the
+    stream.
 
     @ivar position: the last position flushed.
     """
 
-    def __init__(self, cluster: "Cluster", mode: str = ACK) -> None:
-        self.cluster = cluster
+    log = Logger()
+
+    def __init__(self, owner: IStreamOwner, locks: LockService, links: Links,
+                 releases: Releases, peerTimeout: float, mode: str = ACK) -> None:
+        self.owner = owner
+        self.locks = locks
+        self.clock = locks.clock
+        self.links = links
+        # Releases a lost follower may not know of (see released.py).
+        self.releases = releases
+        self.peerTimeout = peerTimeout
         self.acknowledged = mode == ACK
         # The gate's hooks (lockservice.server.turn.Gate): never empty, so a
         # cluster node's answers always wait for this stream.
@@ -220,39 +160,53 @@ class Stream:
     # -- the sending side (a LockService observer) -------------------------
 
     def _followers(self) -> List[PeerChannel]:
-        return [c for c in self.cluster.links.inbound.values() if c.replicating]
+        return [c for c in self.links.inbound.values() if c.replicating]
 
     def _queue(self, line: bytes) -> None:
-        if not any(c.replicating for c in self.cluster.links.inbound.values()):
+        if not any(c.replicating for c in self.links.inbound.values()):
             return
         self.pending.append(line)
-        if self._flushLater is None and self.cluster.locks.turn is None:
+        if self._flushLater is None and self.locks.turn is None:
             # Outside the lock service's turns (which flush us when they
             # close, answers or not), changes still leave within this
             # reactor iteration.
-            self._flushLater = self.cluster.clock.callLater(0, self.flush)
+            self._flushLater = self.clock.callLater(0, self.flush)
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
                 waited: float) -> None:
-        now = self.cluster.clock.seconds()
-        share = self.cluster.locks.table.shareOf(key, token)
+        now = self.clock.seconds()
+        share = self.locks.table.shareOf(key, token)
         if share != EXCLUSIVE:
-            self._queue(b"G %s %d %d %d %s\n" % (key, token, _us(expiresAt - now),
-                                                 _us(now - grantedAt), formatShare(share)))
+            self._queue(SHARED_GRANT_LINE % (key, token, micros(expiresAt - now),
+                                             micros(now - grantedAt), formatShare(share)))
             return
-        self._queue(b"G %s %d %d %d\n" % (key, token, _us(expiresAt - now), _us(now - grantedAt)))
+        self._queue(GRANT_LINE % (key, token, micros(expiresAt - now), micros(now - grantedAt)))
 
     def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
-        now = self.cluster.clock.seconds()
-        age = now - grantedAt
-        share = self.cluster.locks.table.shareOf(key, token)
-        tail = b"" if share == EXCLUSIVE else b" " + formatShare(share)
-        self._queue(b"G %s %d %d %d%s\n" % (key, token, _us(expiresAt - now), _us(age), tail))
+        now = self.clock.seconds()
+        share = self.locks.table.shareOf(key, token)
+        self._queue(peerwire.grantLine(key, token, micros(expiresAt - now),
+                                       micros(now - grantedAt), share))
 
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
-        self._queue(b"D %s %d\n" % (key, token))
+        self._queue(DROP_LINE % (key, token))
         if not expired:
-            self.cluster.releases.released(key, token, self.cluster.clock.seconds())
+            self.releases.released(key, token, self.clock.seconds())
+
+    def mirrored(self, now: float, changes: Sequence[Change]) -> None:
+        """
+        A batch the lock service mirrored: on the active, what a heal
+        merged goes on to our standbys (a grant pushed out is dropped, as
+        an expiry: no release note).  A standby's own batches go nowhere.
+        """
+        if self.locks.role not in (ACTIVE, HANDING_OFF):
+            return
+        for key, token, grantedAt, expiresAt, share in changes:
+            if expiresAt is None:
+                self._queue(DROP_LINE % (key, token))
+            else:
+                self._queue(peerwire.grantLine(key, token, micros(expiresAt - now),
+                                               micros(now - grantedAt), share))
 
     def flush(self) -> bool:
         """
@@ -270,7 +224,7 @@ class Stream:
         if self.pending:
             self.position += 1
             if self.acknowledged:
-                self.pending.append(b"S %d\n" % self.position)
+                self.pending.append(peerwire.positionLine(self.position))
             data = b"".join(self.pending)
             self.pending = []
             for channel in followers:
@@ -301,7 +255,7 @@ class Stream:
         """
         if position > channel.acked:
             channel.acked = min(position, self.position)
-            self.cluster.locks.answers.reachedMoved()
+            self.locks.answers.reachedMoved()
 
     def caughtUp(self, followers: List[PeerChannel]) -> bool:
         """
@@ -327,14 +281,14 @@ class Stream:
                 channel.behindSince = None
                 continue
             if now < 0:
-                now = self.cluster.clock.seconds()
+                now = self.clock.seconds()
             if channel.behindSince is None:
                 channel.behindSince = now
-            elif now - channel.behindSince >= self.cluster.peerTimeout:
-                self.cluster.log.warn(
+            elif now - channel.behindSince >= self.peerTimeout:
+                self.log.warn(
                     "{peer} {what} no replication for {seconds:.1f} s: link closed, "
                     "it syncs again when it reads",
-                    peer=self.cluster.name(channel.remote) if channel.remote is not None else "?",
+                    peer=self.owner.name(channel.remote) if channel.remote is not None else "?",
                     what="acknowledged" if acknowledged else "took",
                     seconds=now - channel.behindSince)
                 channel.lagging = True
@@ -342,6 +296,8 @@ class Stream:
                 continue
             ready = False
         return ready
+
+    # -- snapshots -----------------------------------------------------------
 
     def startSnapshot(self, channel: PeerChannel) -> None:
         """
@@ -353,201 +309,24 @@ class Stream:
         if old is not None:
             old.stopProducing()
             channel.transport.unregisterProducer()  # type: ignore[attr-defined]
-        locks = self.cluster.locks
+        locks = self.locks
         channel.synced = False
         channel.applied = False
         channel.acked = self.position  # what came before is in the snapshot
-        channel.send(b"SNAP %d %d" % (self.cluster.term, locks.lastToken()))
+        channel.send(peerwire.snapshotBegins(self.owner.term, locks.lastToken()))
         channel.replicating = True
         producer = SnapshotProducer(self, channel, locks.table.keys())
         channel.snapshot = producer
         channel.transport.registerProducer(producer, False)  # type: ignore[attr-defined]
-        self.cluster.gate()  # a new active may be waiting for this subscriber
+        self.owner.subscribed()  # a new active may be waiting for this subscriber
 
     def snapshotSent(self, producer: SnapshotProducer) -> None:
-        cluster = self.cluster
         j = producer.channel.remote
         assert j is not None
-        cluster.log.info(
+        self.log.info(
             "snapshot of {keys} held keys sent to {peer} in {seconds:.3f} s "
             "(longest silence from it meanwhile: {silence:.0f} ms)",
-            keys=len(producer.keys), peer=cluster.name(j),
-            seconds=cluster.clock.seconds() - producer.startedAt,
-            silence=cluster.links.longestSilence.get(j, 0.0) * 1000,
+            keys=len(producer.keys), peer=self.owner.name(j),
+            seconds=self.clock.seconds() - producer.startedAt,
+            silence=self.links.longestSilence.get(j, 0.0) * 1000,
         )
-
-    def sendMerge(self, channel: PeerChannel, origin: Tuple[int, int]) -> Tuple[int, int]:
-        """
-        Offer the leader we now follow (a heal) every grant we hold and
-        every release we noted since we diverged (see merge.py), so that
-        it keeps the one and does not undo the other.
-
-        @param origin: the (leader, term) whose stream our keys mirror.
-        @return: how many grants and release notes were offered.
-        """
-        now = self.cluster.clock.seconds()
-        grants = [(key, token, _us(expiresAt - now), _us(now - grantedAt),
-                   None if share == EXCLUSIVE else formatShare(share))
-                  for key, token, grantedAt, expiresAt, share
-                  in self.cluster.locks.table.everyGrant()]
-        notes = list(self.cluster.releases.notes())
-        data = merging.offerLines(origin, notes, grants)
-        if data:
-            channel.transport.write(data)
-        return len(grants), len(notes)
-
-    # -- the receiving side -------------------------------------------------
-
-    def apply(self, j: int, channel: PeerChannel, fields: List[bytes]) -> None:
-        """
-        One replication line from peer C{j}.
-
-        @raise ValueError: on a malformed line.
-        """
-        cluster = self.cluster
-        kind = fields[0]
-        if kind in (b"G", b"H", b"D"):
-            self.applyChanges(j, channel, [b" ".join(fields)])
-        elif kind == b"SYNC":
-            if not channel.outbound:
-                self.startSnapshot(channel)
-        elif kind == b"OFFER":
-            self.offered(j, channel, int(fields[1]), int(fields[2]))
-        elif kind in (merging.MERGE, merging.RELEASED):
-            self.merge(j, channel, [b" ".join(fields)])
-        elif kind == b"SNAP":
-            if cluster.fromLeader(j, channel):
-                term, token = int(fields[1]), int(fields[2])
-                if cluster.plausible(j, token, "token") and cluster.plausible(j, term, "term"):
-                    cluster.locks.clearHolders()
-                    cluster.syncStartedAt = cluster.clock.seconds()
-                    cluster.links.longestSilence[j] = 0.0
-                    cluster.locks.observeToken(token)
-                    cluster.learnTerm(term)
-                    cluster.term = term
-        elif kind == b"SNAPEND":
-            if cluster.fromLeader(j, channel):
-                cluster.synchronised(j)
-                channel.send(b"SYNCED")
-        elif kind == b"S":
-            pass  # acknowledged on receipt (see Cluster.peerLines)
-        elif kind == b"ACK":
-            if not channel.outbound:
-                self.acknowledge(channel, int(fields[1]))
-        elif kind == b"SYNCED":
-            if not channel.outbound:
-                # Its old copy of the grants is gone (see released.py).
-                channel.applied = True
-        else:
-            raise ValueError(kind)
-
-    def applyChanges(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
-        """
-        A run of C{H}/C{G} (held keys) and C{D} (dropped) lines from peer
-        C{j}, applied with no per-line dispatch: a busy stream is mostly
-        this, and so is a snapshot of a million keys.
-        """
-        cluster = self.cluster
-        if not cluster.fromLeader(j, channel):
-            return
-        now = cluster.clock.seconds()
-        limit = cluster.wallMicros() + PLAUSIBLE_AHEAD
-        install, drop = cluster.locks.table.install, cluster.locks.dropHolder
-        for line in lines:
-            fields = line.rstrip(b"\r").split(b" ")
-            try:
-                key, token = fields[1], int(fields[2])
-                if fields[0] == b"D":
-                    drop(key, token)
-                    continue
-                expiresAt = now + int(fields[3]) / 1e6
-                grantedAt = now - int(fields[4]) / 1e6
-                share = shareField(fields)
-            except (IndexError, ValueError):
-                cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
-                continue
-            if token > limit:
-                cluster.plausible(j, token, "token")
-                continue
-            install(key, token, grantedAt, expiresAt, share)
-
-    def offered(self, j: int, channel: PeerChannel, leader: int, term: int) -> None:
-        """
-        Peer C{j} is about to offer us keys that mirror C{leader}'s stream
-        of C{term}.  When that is the stream we took over whole by handoff
-        (its C{HANDOFF} came after all of it), the offer brings nothing we
-        lack: a key in it that we do not hold was released or expired --
-        possibly after the peer read its copy (it switches leaders on our
-        heartbeat, which can overtake the old leader's last changes).
-        Merging it would bring back a lock whose release was answered
-        C{OK}, so the offer is ignored.
-        """
-        cluster = self.cluster
-        channel.staleOffer = (leader, term) == cluster.inheritedFrom
-        if channel.staleOffer:
-            cluster.log.info(
-                "ignoring the keys {peer} offers: they mirror {leader}'s term {term}, "
-                "which this node took over whole", peer=cluster.name(j),
-                leader=cluster.name(leader), term=term)
-
-    def merge(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
-        """
-        A run of C{MERGE} and C{RELEASED} lines from peer C{j} (its offer,
-        on a heal), kept by an active node in one loop: a standby's offer
-        after a failover repeats every held key, most of which we hold
-        already.  A release note counts even in an offer that is otherwise
-        ignored (see L{offered}): a release answered by anyone is a fact.
-        """
-        cluster = self.cluster
-        if channel.outbound or cluster.role != ACTIVE:
-            return
-        stale = channel.staleOffer
-        now = cluster.clock.seconds()
-        limit = cluster.wallMicros() + PLAUSIBLE_AHEAD
-        table, install = cluster.locks.table, cluster.locks.installHolder
-        grantOf = table.grantOf
-        releasedHere = cluster.releases.releasedHere
-        decide = merging.decide
-        for line in lines:
-            fields = line.rstrip(b"\r").split(b" ")
-            try:
-                key, token = fields[1], int(fields[2])
-                grant = grantOf(key)
-                if fields[0] == merging.RELEASED:
-                    if table.isShared(key):
-                        releasedThere = table.holdingOf(key, token) is not None
-                    else:
-                        releasedThere = merging.releasedThere(
-                            None if grant is None else grant[0], token)
-                    if releasedThere:
-                        cluster.releaseMerged(key, token)
-                    continue
-                share = shareField(fields)
-                shared = share != EXCLUSIVE or table.isShared(key)
-                if stale or (not shared and grant is not None and grant[0] > token):
-                    continue  # the higher token wins
-                remaining, age = int(fields[3]) / 1e6, int(fields[4]) / 1e6
-            except (IndexError, ValueError):
-                cluster.log.warn("malformed peer message {fields!r}", fields=fields[:6])
-                continue
-            if token > limit:
-                cluster.plausible(j, token, "token")  # logs it
-                continue
-            if shared:
-                # Several grants per key: the fit rule (see mergeShared).
-                if not releasedHere(key, token):
-                    kept, pushedOut = mergeShared(cluster.locks, key, token, share,
-                                                  remaining, age)
-                    for out in pushedOut:
-                        self.dropped(key, out, 0.0, expired=True)
-                    if kept:
-                        cluster.merged += 1
-                        self.granted(key, token, now - age, now + remaining, 0.0)
-                continue
-            verdict = decide(None if grant is None else (grant[0], grant[2]), token,
-                             now + remaining, releasedHere(key, token))
-            if verdict == merging.KEEP:
-                continue
-            install(key, token, remaining, age, share)
-            cluster.merged += 1
-            self.granted(key, token, now - age, now + remaining, 0.0)

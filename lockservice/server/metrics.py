@@ -44,6 +44,7 @@ class _StatsCollector(Collector):
             ("redirects", "Requests answered M (not active)", stats.redirects),
             ("errors", "Requests answered E (bad input)", stats.errors),
             ("connections", "Client connections accepted", stats.connections),
+            ("merged_grants", "Grants taken from a peer's offer on a heal", stats.merged),
         ]
         for name, doc, value in counters:
             family = CounterMetricFamily(f"lockservice_{name}", doc)

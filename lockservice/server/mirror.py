@@ -3,17 +3,30 @@
 The interface the cluster layer drives: tokens, where redirects point, and
 the mirror a standby keeps of the active's grants (applied by replication,
 or merged on a heal).
+
+Replicated changes come in batches (one read of a peer link, one chunk of
+a snapshot, one run of a heal's offer): L{Mirroring.mirror} applies a
+batch in one loop and tells the mirror observers once per batch
+(L{lockservice.server.observers.MirrorObserver}), so a grant merged on a
+heal reaches the metrics, the operator's view and the active's own
+standbys, and a standby's cost per line stays one table call.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from twisted.internet.interfaces import IReactorTime
 
 from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.table import EXCLUSIVE, Holder, LockTable
 from lockservice.server.deadlines import LeaseDeadlines
+from lockservice.server.observers import Observers
+from lockservice.server.stats import Stats
+
+# One replicated change: (key, token, grantedAt, expiresAt, share) for a
+# grant (monotonic seconds), expiresAt None for a drop of grant C{token}.
+Change = Tuple[bytes, int, float, Optional[float], int]
 
 
 class Mirroring:
@@ -27,6 +40,8 @@ class Mirroring:
     role: str
     activeAddress: Optional[bytes]
     leases: LeaseDeadlines
+    notify: Observers
+    stats: Stats
 
     def _fileLease(self, key: bytes, token: int, expiresAt: float, shared: bool) -> None:
         raise NotImplementedError
@@ -74,6 +89,38 @@ class Mirroring:
         elif self.role == HANDING_OFF:
             # Armed when it serves again.
             self.leases.file(key, token, now + remaining, self.table.isShared(key))
+
+    def mirror(self, changes: List[Change]) -> None:
+        """
+        Apply a batch of replicated changes, in order (a standby's read of
+        its active's stream, a snapshot's chunk; on an active node, what
+        it merges on a heal), then tell the mirror observers once.  On an
+        active node the grants' leases run here (each counted in
+        C{stats.merged}); a standby only mirrors them.
+        """
+        table = self.table
+        install, drop = table.install, table.drop
+        role = self.role
+        if role == ACTIVE or role == HANDING_OFF:
+            fileLease = self._fileLease if role == ACTIVE else self.leases.file
+            merged = 0
+            for key, token, grantedAt, expiresAt, share in changes:
+                if expiresAt is None:
+                    drop(key, token)
+                    continue
+                install(key, token, grantedAt, expiresAt, share)
+                # (Armed when a handing-off node serves again.)
+                fileLease(key, token, expiresAt, table.isShared(key))
+                merged += 1
+            self.stats.merged += merged
+        else:
+            for key, token, grantedAt, expiresAt, share in changes:
+                if expiresAt is None:
+                    drop(key, token)
+                else:
+                    install(key, token, grantedAt, expiresAt, share)
+        if self.notify.mirrors:
+            self.notify.mirrored(self.clock.seconds(), changes)
 
     def dropHolder(self, key: bytes, token: int) -> None:
         """

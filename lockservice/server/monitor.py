@@ -382,3 +382,28 @@ class Monitor:
                           key=key.decode("utf-8", "replace"), token=token, who=who,
                           reason=reason)
         return released
+
+    # -- the mirror observer ---------------------------------------------------
+
+    def mirrored(self, now: float,
+                 changes: Iterable[Tuple[bytes, int, float, Optional[float], int]]) -> None:
+        """
+        A batch of changes learned from a peer: on an active node, the
+        grants a heal merged in (and those it pushed out), shown as events
+        and watched for long holds; a standby's mirror is not watched (see
+        L{roleChanged}), so its batches are skipped at once.
+        """
+        if self._role not in _WATCHED:
+            return
+        for key, token, grantedAt, expiresAt, _ in changes:
+            if expiresAt is None:
+                self._forgetHeld(key, token)
+                self._event(ev.RELEASE, key, token, None, "pushed out by a heal's merge")
+                continue
+            self._event(ev.GRANT, key, token, None, "merged on a heal")
+            if self.warnHold is not None:
+                self._held[(key, token)] = _Held(token, None, grantedAt)
+                # Granted before the grants watched already: not before
+                # them (the long-hold deadlines are a FIFO).
+                at = grantedAt + self.warnHold
+                self._watch(max(at, self._due[-1][0]) if self._due else at, key, token)

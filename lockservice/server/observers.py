@@ -1,8 +1,10 @@
 # -*- test-case-name: tests.test_monitor -*-
 """
 The fan-out of the service's changes to whoever watches them: change
-observers (replication, metrics: what the table now holds) and activity
-observers (the operator's view: who queued, waited, held and let go).
+observers (replication, metrics: what the table now holds), activity
+observers (the operator's view: who queued, waited, held and let go), and
+mirror observers (told once per batch of changes learned from a peer:
+replication on a standby, a heal's merge on the active).
 
 An observer's bug must not leave the table half-updated or a client
 unanswered: each call is guarded, and a failure is reported to the
@@ -11,7 +13,7 @@ service's internal-error counter.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, List, Optional, Protocol
+from typing import Any, Callable, Iterable, List, Optional, Protocol, Sequence, Tuple
 
 from lockservice.server.monitor import ActivityObserver, Named
 
@@ -42,6 +44,22 @@ class ChangeObserver(Protocol):
         """
 
 
+class MirrorObserver(Protocol):
+    """
+    Told once per batch of changes the service mirrored from a peer (see
+    L{lockservice.server.mirror.Mirroring.mirror}), after the table has them.
+    """
+
+    def mirrored(self, now: float,
+                 changes: Sequence[Tuple[bytes, int, float, Optional[float], int]]) -> None:
+        """
+        C{changes}: (key, token, grantedAt, expiresAt, share) of each grant
+        installed, expiresAt None for each grant dropped, in order.  A
+        standby's batch may hold thousands: an observer that has nothing
+        to do with it returns at once.
+        """
+
+
 class Observers:
     """
     The two lists of observers, and one guarded call per observer and
@@ -49,6 +67,7 @@ class Observers:
 
     @ivar changes: the change observers, in the order they were added.
     @ivar activity: the activity observers.
+    @ivar mirrors: the mirror observers.
     """
 
     def __init__(self, failed: Callable[[str], None]) -> None:
@@ -58,6 +77,7 @@ class Observers:
         """
         self.changes: List[ChangeObserver] = []
         self.activity: List[ActivityObserver] = []
+        self.mirrors: List[MirrorObserver] = []
         self._failed = failed
 
     def _notify(self, method: Callable[..., object], *args: object) -> None:
@@ -121,6 +141,12 @@ class Observers:
                     holders: Callable[[], Iterable[Any]]) -> None:
         for watcher in self.activity:
             self._notify(watcher.roleChanged, now, role, holders())
+
+
+    def mirrored(self, now: float,
+                 changes: Sequence[Tuple[bytes, int, float, Optional[float], int]]) -> None:
+        for observer in self.mirrors:  # once per batch
+            self._notify(observer.mirrored, now, changes)
 
 
 def _where(method: Callable[..., object]) -> object:

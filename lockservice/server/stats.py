@@ -29,3 +29,5 @@ class Stats:
         self.rejectedWaiters = 0
         self.rejectedConnections = 0
         self.staleFloods = 0
+        # Grants an active node took from a peer's offer on a heal.
+        self.merged = 0

@@ -1,0 +1,380 @@
+# -*- test-case-name: tests.test_peerwire -*-
+"""
+The peer line format: every line a peer channel carries, built and
+parsed here and nowhere else, as L{lockservice.core.wire} is for clients.
+First the handshake (its rules and proofs are L{lockservice.cluster.peer}):
+
+    HELLO <version> <connector> <acceptor> <nonce>
+    CHALLENGE <nonce> <mac>   AUTH <mac>   WELCOME <mac>
+    E * * <why>                             a refusal, and the link closes
+
+then, once authenticated:
+
+    HB <term> <role> <leader|-> <last_token> [suspect]
+                                            every node, on every link, every --heartbeat
+    SYNC                                    follower -> leader: send state, then stream
+    OFFER <leader> <term>                   follower -> leader, before SYNC, on a heal:
+    RELEASED <key> <token>                  what the follower holds and released
+    MERGE <key> <token> <remaining_us> <age_us> [<share>]
+                                            (see L{lockservice.cluster.merge})
+    SNAP <term> <last_token>                leader -> follower: a snapshot begins
+    H <key> <token> <remaining_us> <age_us> [<share>]
+                                            one held grant of the snapshot
+    SNAPEND                                 the snapshot is complete
+    SYNCED                                  follower -> leader: it applied the snapshot
+    G <key> <token> <remaining_us> <age_us> [<share>]
+                                            a grant or a renewal (live stream)
+    D <key> <token>                         a release or an expiry (live stream)
+    S <position>                            --replication ack: the stream up to here
+    ACK <position>                          follower -> leader, once per read
+    HANDOFF <term>                          old active -> successor
+    TAKEN <term> | REFUSED <term>           successor -> old active
+
+A shared key's grant carries its share as on the client wire (C{r}, or
+the semaphore's slots) in a sixth field; an exclusive grant's line has
+none.  A shared key's grants go highest token first, so that a heal that
+reads them one by one keeps what L{lockservice.core.table.fitTogether}
+keeps of them all.
+
+Parsers raise L{Malformed} (a C{ValueError}) on a line they cannot read.
+The hot paths (a snapshot of a million keys, a busy stream) use the line
+formats below directly, or L{parseChanges} once per read.  Pure: no I/O,
+no clock.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+from lockservice.core.election import ROLES, SYNCING
+from lockservice.core.table import EXCLUSIVE
+from lockservice.core.wire import formatShare, parseShare
+
+HELLO = b"HELLO"
+CHALLENGE = b"CHALLENGE"
+AUTH = b"AUTH"
+WELCOME = b"WELCOME"
+REFUSAL = b"E"
+HB = b"HB"
+SYNC = b"SYNC"
+SNAP = b"SNAP"
+SNAPEND = b"SNAPEND"
+SYNCED = b"SYNCED"
+HELD = b"H"
+GRANT = b"G"
+DROP = b"D"
+POSITION = b"S"
+ACK = b"ACK"
+OFFER = b"OFFER"
+RELEASED = b"RELEASED"
+MERGE = b"MERGE"
+HANDOFF = b"HANDOFF"
+TAKEN = b"TAKEN"
+REFUSED = b"REFUSED"
+
+# The word a heartbeat ends with while its node distrusts its own clock.
+SUSPECT = b"suspect"
+
+# Line prefixes of the runs applied in bulk: changes to held keys (a
+# snapshot, the live stream), and a heal's offer.
+CHANGES = (b"H ", b"G ", b"D ")
+OFFERED = (b"MERGE ", b"RELEAS")
+
+# Formats of the hot paths (one % per line, no call): an exclusive grant's
+# H/G line and a drop, each with its newline.
+HELD_LINE = b"H %s %d %d %d\n"
+GRANT_LINE = b"G %s %d %d %d\n"
+SHARED_GRANT_LINE = b"G %s %d %d %d %s\n"
+DROP_LINE = b"D %s %d\n"
+
+# One change parsed from H/G/D lines: (key, token, grantedAt, expiresAt,
+# share) for a grant, expiresAt None for a drop (see
+# L{lockservice.server.mirror.Change}).
+Change = Tuple[bytes, int, float, Optional[float], int]
+
+
+class Malformed(ValueError):
+    """
+    A peer line that cannot be read.
+    """
+
+
+def micros(seconds: float) -> int:
+    return int(seconds * 1e6)
+
+
+# -- the handshake ------------------------------------------------------------------
+
+
+def hello(version: bytes, connector: bytes, acceptor: bytes, nonce: bytes) -> bytes:
+    return b" ".join([HELLO, version, connector, acceptor, nonce])
+
+
+def challenge(nonce: bytes, mac: bytes) -> bytes:
+    return b" ".join([CHALLENGE, nonce, mac])
+
+
+def auth(mac: bytes) -> bytes:
+    return AUTH + b" " + mac
+
+
+def welcome(mac: bytes) -> bytes:
+    return WELCOME + b" " + mac
+
+
+def refusal(why: bytes) -> bytes:
+    """
+    The line a refused handshake ends with (the client wire's error form).
+    """
+    return b"E * * " + why
+
+
+# -- heartbeats ------------------------------------------------------------------
+
+
+class Heartbeat(NamedTuple):
+    term: int
+    role: str
+    leader: Optional[int]
+    token: int
+    suspect: bool
+
+
+def heartbeat(term: int, role: str, leader: Optional[int], token: int,
+              suspect: bool) -> bytes:
+    line = b"HB %d %s %s %d" % (term, role.encode(), b"-" if leader is None else b"%d" % leader,
+                                token)
+    return line + b" " + SUSPECT if suspect else line
+
+
+def parseHeartbeat(fields: Sequence[bytes]) -> Heartbeat:
+    """
+    An unknown role reads as C{syncing} (a newer peer's role: it holds
+    nothing we may rely on).
+    """
+    try:
+        term, token = int(fields[1]), int(fields[4])
+        role = fields[2].decode()
+        leader = None if fields[3] == b"-" else int(fields[3])
+    except (IndexError, ValueError) as e:
+        raise Malformed(fields[:6]) from e
+    return Heartbeat(term, role if role in ROLES else SYNCING, leader, token,
+                     len(fields) > 5 and fields[5] == SUSPECT)
+
+
+# -- the stream -------------------------------------------------------------------
+
+
+def snapshotBegins(term: int, token: int) -> bytes:
+    return b"SNAP %d %d" % (term, token)
+
+
+def parseSnapshotBegins(fields: Sequence[bytes]) -> Tuple[int, int]:
+    """
+    @return: the (term, last token) of a C{SNAP} line.
+    """
+    return _ints(fields, 2)  # type: ignore[return-value]
+
+
+def grantLine(key: bytes, token: int, remaining: int, age: int, share: int = EXCLUSIVE,
+              kind: bytes = GRANT) -> bytes:
+    """
+    A C{G} (or, as C{kind}, C{H} or C{MERGE}) line with its newline:
+    C{remaining} and C{age} in microseconds.
+    """
+    if share == EXCLUSIVE:
+        return b"%s %s %d %d %d\n" % (kind, key, token, remaining, age)
+    return b"%s %s %d %d %d %s\n" % (kind, key, token, remaining, age, formatShare(share))
+
+
+def dropLine(key: bytes, token: int) -> bytes:
+    return DROP_LINE % (key, token)
+
+
+def sharedLines(kind: bytes, key: bytes,
+                grants: Iterable[Tuple[int, float, float, int]], now: float) -> List[bytes]:
+    """
+    The C{kind} (H, MERGE) lines, without newlines, of every grant of a
+    shared C{key}, as (token, grantedAt, expiresAt, share), highest first.
+    """
+    return [b"%s %s %d %d %d %s" % (kind, key, token, micros(expiresAt - now),
+                                    micros(now - grantedAt), formatShare(share))
+            for token, grantedAt, expiresAt, share in grants]
+
+
+def shareField(fields: Sequence[bytes]) -> int:
+    """
+    The share of a G/H/MERGE line (EXCLUSIVE without a sixth field).
+
+    @raise Malformed: a malformed share.
+    """
+    if len(fields) < 6:
+        return EXCLUSIVE
+    share = parseShare(fields[5])
+    if share is None:
+        raise Malformed(fields[5])
+    return share
+
+
+class Changes(NamedTuple):
+    """
+    What L{parseChanges} read of a run of H/G/D lines.
+
+    @ivar changes: the changes, in order (see L{Change}).
+    @ivar malformed: the fields of each line that could not be read.
+    @ivar implausible: the tokens of grants refused as too far ahead.
+    """
+
+    changes: List[Change]
+    malformed: List[Sequence[bytes]]
+    implausible: List[int]
+
+
+def parseChanges(lines: Iterable[bytes], now: float, limit: int) -> Changes:
+    """
+    A run of C{H}/C{G} (held keys) and C{D} (dropped) lines, read at
+    C{now} (their remaining times and ages become deadlines) in one loop:
+    a busy stream is mostly this, and so is a snapshot of a million keys.
+    A grant whose token is above C{limit} is left out (a drop is not: it
+    ends nothing we may rely on).
+    """
+    changes: List[Change] = []
+    append = changes.append
+    malformed: List[Sequence[bytes]] = []
+    implausible: List[int] = []
+    for line in lines:
+        fields = line.rstrip(b"\r").split(b" ")
+        try:
+            key, token = fields[1], int(fields[2])
+            if fields[0] == b"D":
+                append((key, token, 0.0, None, EXCLUSIVE))
+                continue
+            expiresAt = now + int(fields[3]) / 1e6
+            grantedAt = now - int(fields[4]) / 1e6
+            if len(fields) < 6:  # shareField, inline: this is every line
+                share = EXCLUSIVE
+            else:
+                parsed = parseShare(fields[5])
+                if parsed is None:
+                    raise ValueError(fields[5])
+                share = parsed
+        except (IndexError, ValueError):
+            malformed.append(fields[:6])
+            continue
+        if token > limit:
+            implausible.append(token)
+            continue
+        append((key, token, grantedAt, expiresAt, share))
+    return Changes(changes, malformed, implausible)
+
+
+def positionLine(position: int) -> bytes:
+    return b"S %d\n" % position
+
+
+def lastPosition(lines: Sequence[bytes]) -> Optional[bytes]:
+    """
+    The last stream position (C{S}) in one read's lines, as written, or
+    None.  Positions end each flush, so it is mostly the last line.
+    """
+    for index in range(len(lines) - 1, -1, -1):
+        line = lines[index]
+        if line[:2] == b"S ":
+            return line[2:].rstrip(b"\r")
+    return None
+
+
+def ackLine(position: bytes) -> bytes:
+    return b"ACK " + position + b"\n"
+
+
+def parsePosition(fields: Sequence[bytes]) -> int:
+    """
+    The position of an C{S} or C{ACK} line.
+    """
+    return _ints(fields, 1)[0]
+
+
+# -- handoff ----------------------------------------------------------------------
+
+
+def handoff(term: int) -> bytes:
+    return b"HANDOFF %d" % term
+
+
+def taken(term: int) -> bytes:
+    return b"TAKEN %d" % term
+
+
+def refused(term: int) -> bytes:
+    return b"REFUSED %d" % term
+
+
+def parseTerm(fields: Sequence[bytes]) -> int:
+    """
+    The term of a C{HANDOFF}, C{TAKEN} or C{REFUSED} line.
+    """
+    return _ints(fields, 1)[0]
+
+
+# -- a heal's offer (see merge.py) -------------------------------------------------
+
+
+def offerLines(origin: Tuple[int, int], released: Iterable[Tuple[bytes, int]],
+               grants: Iterable[Tuple[bytes, int, int, int, Optional[bytes]]]) -> bytes:
+    """
+    The offer, as written on the link (empty when there is nothing to offer).
+
+    @param origin: the (leader, term) whose stream the lines mirror.
+    @param released: (key, token) of each release note.
+    @param grants: (key, token, remaining_us, age_us, share) of each held
+        grant; share is None for an exclusive grant (no sixth field).
+    """
+    lines = [b"RELEASED %s %d" % note for note in released]
+    lines.extend(b"MERGE %s %d %d %d" % grant[:4] if grant[4] is None
+                 else b"MERGE %s %d %d %d %s" % grant for grant in grants)
+    if not lines:
+        return b""
+    return b"OFFER %d %d\n" % origin + b"\n".join(lines) + b"\n"
+
+
+def parseOffer(fields: Sequence[bytes]) -> Tuple[int, int]:
+    """
+    The (leader, term) of an C{OFFER} line.
+    """
+    return _ints(fields, 2)  # type: ignore[return-value]
+
+
+class Offered(NamedTuple):
+    """
+    One C{RELEASED} line (C{released} True; the rest zero) or C{MERGE}
+    line of an offer; remaining and age in seconds.
+    """
+
+    released: bool
+    key: bytes
+    token: int
+    remaining: float
+    age: float
+    share: int
+
+
+def parseOffered(line: bytes) -> Offered:
+    fields = line.rstrip(b"\r").split(b" ")
+    try:
+        key, token = fields[1], int(fields[2])
+        if fields[0] == RELEASED:
+            return Offered(True, key, token, 0.0, 0.0, EXCLUSIVE)
+        return Offered(False, key, token, int(fields[3]) / 1e6, int(fields[4]) / 1e6,
+                       shareField(fields))
+    except (IndexError, ValueError) as e:
+        raise Malformed(fields[:6]) from e
+
+
+def _ints(fields: Sequence[bytes], count: int) -> Tuple[int, ...]:
+    if len(fields) <= count:
+        raise Malformed(fields[:6])
+    try:
+        return tuple(int(field) for field in fields[1:1 + count])
+    except ValueError as e:
+        raise Malformed(fields[:6]) from e

@@ -1,0 +1,159 @@
+# -*- test-case-name: tests.test_serving -*-
+"""
+When an active node may serve its clients (SPEC section 4): the serving
+gate.
+
+An active node serves client changes only while every live peer it
+knows of receives its stream: right after a promotion or a takeover, the
+other nodes (the old active among them) subscribe within a heartbeat or
+two, and an answer given before that could be lost on a kill -9.
+Meanwhile the node is frozen (C{M ... *}, queued waiters stay queued), as
+during a handoff.  A live peer that does not subscribe within
+L{SUBSCRIBE_BOUND} peer timeouts is not our standby: the node serves
+without it.
+
+And a node that did not run for L{Gate.frozenAfter} (stopped, starved)
+serves nothing until it has read what its peers sent meanwhile: a
+standby may have promoted, and its news waits unread in our sockets,
+behind the requests that piled up.
+
+Pure: the caller says what it sees and passes the time; it logs and acts
+on the L{Verdict}.
+"""
+
+from __future__ import annotations
+
+from math import inf
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional
+
+from lockservice.core.election import LEAVING, PeerView
+
+# How long a new active waits for a live peer that does not subscribe to
+# its stream before it serves anyway (in units of --peer-timeout): a peer
+# that neither dies nor follows us is not our standby.
+SUBSCRIBE_BOUND = 2.0
+
+
+def frozenAfter(heartbeat: float, peerTimeout: float) -> float:
+    """
+    A heartbeat timer this late means the process did not run: half the
+    time a peer has to notice, and well over the heartbeat period itself.
+    """
+    return max(peerTimeout / 2, 2.5 * heartbeat)
+
+
+def unsubscribed(me: int, views: Mapping[int, PeerView], inbound: Mapping[int, Any]) -> List[int]:
+    """
+    The live peers that do not receive our replication stream: it did
+    not ask for it on its current link (C{inbound[j].replicating}), or its
+    heartbeat does not say it follows us (a link left over from an
+    earlier term).  A peer leaving, or that distrusts its own clock, holds
+    nothing to wait for.
+    """
+    return [j for j, v in views.items()
+            if v.alive and v.role != LEAVING and not v.clockSuspect
+            and not (j in inbound and inbound[j].replicating and v.leader == me)]
+
+
+class Verdict(NamedTuple):
+    """
+    What L{Gate.judge} found.
+
+    @ivar changed: whether serving changed (to L{Gate.serving}).
+    @ivar missing: the live peers that do not receive the stream.
+    @ivar servingWithout: how long (seconds) the node waited before
+        serving without C{missing}: to be logged, once; else None.
+    @ivar frozenFor: when serving starts, since when it did not serve
+        (seconds), and whether that is since it became active.
+    """
+
+    changed: bool
+    missing: List[int]
+    servingWithout: Optional[float] = None
+    frozenFor: float = 0.0
+    sinceActive: bool = False
+
+
+class Gate:
+    """
+    Whether this node, when active, serves now.
+
+    @ivar serving: the node serves client changes.
+    @ivar resuming: it found it did not run for a while, and serves
+        nothing until it has read its peers.
+    """
+
+    def __init__(self, heartbeat: float, peerTimeout: float, now: float) -> None:
+        self.frozenAfter = frozenAfter(heartbeat, peerTimeout)
+        self.bound = SUBSCRIBE_BOUND * peerTimeout
+        self.serving = False
+        self.resuming = False
+        self.activeSince = now
+        self._frozenAt = -inf  # when this active last stopped serving
+        self._unsubscribedSince: Dict[int, float] = {}
+        self._unsubscribedLogged = False
+
+    def becameActive(self, now: float) -> None:
+        self.activeSince = now
+        self._unsubscribedLogged = False
+        self._unsubscribedSince.clear()
+
+    def late(self, idle: float) -> bool:
+        """
+        Whether C{idle} seconds since the last heartbeat timer mean this
+        process did not run.
+        """
+        return idle > self.frozenAfter
+
+    def stopUntilRead(self, idle: float) -> bool:
+        """
+        After C{idle} seconds without running: whether to stop serving now,
+        until the peers are read (see L{readUp}).
+        """
+        if self.serving and not self.resuming and idle > self.frozenAfter:
+            self.resuming = True
+            return True
+        return False
+
+    def readUp(self) -> None:
+        """
+        The peers were read since the node resumed.
+        """
+        self.resuming = False
+
+    def judge(self, active: bool, missing: List[int], now: float) -> Verdict:
+        """
+        Whether to serve, given our role and the live peers that do not
+        receive our stream (C{missing}); L{serving} is set to the answer.
+        """
+        if not active:
+            self.serving = False
+            return Verdict(False, missing)
+        for j in list(self._unsubscribedSince):
+            if j not in missing:
+                del self._unsubscribedSince[j]
+        for j in missing:
+            self._unsubscribedSince.setdefault(j, now)
+        serving = not missing
+        servingWithout = None
+        if self.resuming:
+            serving = False
+        elif missing:
+            # Each peer gets the bound from when it became a live
+            # non-subscriber (a restarted node syncs within it).
+            waited = now - max(self._unsubscribedSince[j] for j in missing)
+            if waited >= self.bound:
+                serving = True
+                if not self._unsubscribedLogged:
+                    self._unsubscribedLogged = True
+                    servingWithout = waited
+        else:
+            self._unsubscribedLogged = False
+        if serving == self.serving:
+            return Verdict(False, missing, servingWithout)
+        self.serving = serving
+        if not serving:
+            self._frozenAt = now
+            return Verdict(True, missing, servingWithout)
+        since = max(self.activeSince, self._frozenAt)
+        return Verdict(True, missing, servingWithout, now - since, since == self.activeSince)

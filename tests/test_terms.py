@@ -1,0 +1,59 @@
+"""
+Terms, eras and plausible values (lockservice.cluster.terms): pure, told
+the time.
+"""
+
+from __future__ import annotations
+
+from lockservice.cluster import terms
+from lockservice.cluster.clocktrust import PLAUSIBLE_AHEAD
+
+NOW_US = 1_800_000_000_000_000
+
+
+def test_a_new_term_follows_the_clock_and_rises_above_every_term_seen() -> None:
+    t = terms.Terms()
+    assert t.new(NOW_US) == NOW_US and t.highest == NOW_US
+    assert t.new(NOW_US) == NOW_US + 1  # the clock did not move
+    t.learn(NOW_US + 50)
+    t.learn(5)  # lower terms change nothing
+    assert t.highest == NOW_US + 50
+    assert t.new(NOW_US + 10) == NOW_US + 51
+    assert t.new(NOW_US + 100) == NOW_US + 100
+
+
+def test_a_value_more_than_an_hour_ahead_is_implausible() -> None:
+    assert terms.plausible(NOW_US + PLAUSIBLE_AHEAD, NOW_US)
+    assert not terms.plausible(NOW_US + PLAUSIBLE_AHEAD + 1, NOW_US)
+    assert terms.limit(NOW_US) == NOW_US + PLAUSIBLE_AHEAD
+
+
+def test_refusals_are_logged_at_most_every_ten_seconds_per_peer() -> None:
+    t = terms.Terms()
+    assert t.logRefusal(1, 100.0)
+    assert not t.logRefusal(1, 109.9)
+    assert t.logRefusal(2, 109.9)
+    assert t.logRefusal(1, 110.0)
+
+
+def test_an_offer_is_made_once_with_the_era_the_keys_mirror() -> None:
+    eras = terms.Eras()
+    assert eras.takeOffer() is None
+    eras.leaving(me=2, leader=1, term=7)
+    eras.leaving(me=2, leader=0, term=8)  # an offer due already stands
+    assert eras.takeOffer() == (1, 7)
+    assert eras.takeOffer() is None
+    eras.leaving(me=2, leader=None, term=9)  # our own keys, stepping down
+    assert eras.takeOffer() == (2, 9)
+    eras.restored(me=2, term=3)
+    assert eras.offerFrom == (2, 3)
+    eras.steppingDown(me=2, term=4)
+    assert eras.takeOffer() == (2, 4)
+
+
+def test_an_era_taken_over_whole_is_inherited_until_a_promotion() -> None:
+    eras = terms.Eras()
+    eras.tookOver(1, 7)
+    assert eras.inherited((1, 7)) and not eras.inherited((2, 7))
+    eras.promoted()
+    assert not eras.inherited((1, 7))
