@@ -81,6 +81,21 @@ class LongHolds:
         if self._alarm is None:
             self._arm()
 
+    def watchLate(self, key: bytes, token: int, owner: Optional[str],
+                  grantedAt: float) -> None:
+        """
+        Watch a grant learned late (merged on a heal): granted before
+        grants watched already, its deadline does not go before theirs (the
+        deadlines are a FIFO), so it may be flagged late, never early.
+        """
+        self.held[(key, token)] = _Held(token, owner, grantedAt)
+        at = grantedAt + self.limit
+        if self._due and self._due[-1][0] > at:
+            at = self._due[-1][0]
+        self._due.append((at, key, token))
+        if self._alarm is None:
+            self._arm()
+
     def watchAll(self, holders: Iterable[Tuple[bytes, HeldKey]]) -> None:
         """
         Watch the grants held now, oldest first (their deadlines in order).

@@ -397,13 +397,9 @@ class Monitor:
             return
         for key, token, grantedAt, expiresAt, _ in changes:
             if expiresAt is None:
-                self._forgetHeld(key, token)
+                self._holds.forget(key, token)
                 self._event(ev.RELEASE, key, token, None, "pushed out by a heal's merge")
                 continue
             self._event(ev.GRANT, key, token, None, "merged on a heal")
             if self.warnHold is not None:
-                self._held[(key, token)] = _Held(token, None, grantedAt)
-                # Granted before the grants watched already: not before
-                # them (the long-hold deadlines are a FIFO).
-                at = grantedAt + self.warnHold
-                self._watch(max(at, self._due[-1][0]) if self._due else at, key, token)
+                self._holds.watchLate(key, token, None, grantedAt)
