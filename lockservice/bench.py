@@ -449,18 +449,21 @@ def suite(duration: float, conns: List[int], depth: int, cluster: bool = True,
     return rows
 
 
-def ratios(duration: float, rounds: int = 3, out=print) -> Dict[str, Any]:  # type: ignore[no-untyped-def]
+def ratios(duration: float, rounds: int = 3, out=print,  # type: ignore[no-untyped-def]
+           cluster: bool = True) -> Dict[str, Any]:
     """
     The targets of issue 20, as ratios measured side by side: the single
     node (operator's view on) against the echo server's round trips ÷ 2
     (uncontended, C=64), against dflockd (uncontended C=64, contended
-    C=16), and the monitor's share of server CPU per pair (the same node
-    with the monitor detached, for this comparison only).  Each is the
-    median of C{rounds} interleaved runs (A B A B ...).
+    C=16), the monitor's share of server CPU per pair (the same node with
+    the monitor detached, for this comparison only), and (with
+    C{cluster}) the active of a 3-node cluster against the single node
+    (uncontended, C=64).  Each is the median of C{rounds} interleaved runs
+    (A B A B ...).
     """
     import statistics
 
-    from lockservice.testing.harness import Node, freePort
+    from lockservice.testing.harness import Cluster, Node, activeNodes, freePort
 
     os.environ["LOCKSERVICE_BENCH_DETACH_MONITOR"] = "1"
     try:
@@ -483,6 +486,10 @@ def ratios(duration: float, rounds: int = 3, out=print) -> Dict[str, Any]:  # ty
                 break
             except OSError:
                 time.sleep(0.05)
+    trio: Optional[Cluster] = None
+    if cluster:
+        trio = Cluster(3).start()
+        active = _waitForOneActive(trio, activeNodes)
     runs: Dict[str, List[Dict[str, Any]]] = {}
     plan = [("echo", f"127.0.0.1:{echoPort}", "echo", 64, echo.pid),
             ("on", node.address, "uncontended", 64, node.pid),
@@ -492,6 +499,8 @@ def ratios(duration: float, rounds: int = 3, out=print) -> Dict[str, Any]:  # ty
         plan += [("dflockd", f"127.0.0.1:{dflockdPort}", "dflockd-uncontended", 64, dflockd.pid),
                  ("dflockd contended", f"127.0.0.1:{dflockdPort}", "dflockd-contended", 16,
                   dflockd.pid)]
+    if trio is not None:
+        plan.append(("active of 3", active.address, "uncontended", 64, active.pid))
     try:
         for _ in range(rounds):
             for name, addr, scenario, conns, pid in plan:
@@ -505,6 +514,8 @@ def ratios(duration: float, rounds: int = 3, out=print) -> Dict[str, Any]:  # ty
         if dflockd is not None:
             dflockd.kill()
             dflockd.wait()
+        if trio is not None:
+            trio.stop()
 
     def median(name: str, field: str) -> float:
         return statistics.median(r.get(field) or 0.0 for r in runs[name])
@@ -523,6 +534,7 @@ def ratios(duration: float, rounds: int = 3, out=print) -> Dict[str, Any]:  # ty
         "single_vs_dflockd_uncontended": ratio("on", "pairs_per_s", "dflockd", "pairs_per_s"),
         "contended_vs_dflockd": ratio("on contended", "pairs_per_s", "dflockd contended",
                                       "pairs_per_s"),
+        "active_of_3_vs_single": ratio("active of 3", "pairs_per_s", "on", "pairs_per_s"),
         "monitor_cpu_share": None,
         "pairs_per_s": {name: median(name, "pairs_per_s" if name != "echo"
                                      else "round_trips_per_s") for name in runs},
@@ -541,6 +553,9 @@ def ratios(duration: float, rounds: int = 3, out=print) -> Dict[str, Any]:  # ty
         "(target >= 1.0)")
     out(f"  operator's view share of server CPU per pair (on vs detached): "
         f"{result['monitor_cpu_share']:.1%}  (target <= 5%)")
+    if trio is not None:
+        out(f"  active of 3 vs single node, uncontended C=64: "
+            f"{result['active_of_3_vs_single']}  (target >= 0.9)")
     return result
 
 
@@ -1028,7 +1043,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(rows, indent=2) if args.json else formatTable(rows))
         if args.rounds > 0:
             found = ratios(args.duration, args.rounds,
-                           out=(lambda line: None) if args.json else print)
+                           out=(lambda line: None) if args.json else print,
+                           cluster=not args.no_cluster)
             if args.json:
                 print(json.dumps(found, indent=2))
         return 0
