@@ -385,3 +385,31 @@ def test_the_fold_counts_as_the_statistics_would_one_by_one() -> None:
     assert got is not None and want is not None
     assert got.asDict() == want.asDict() and got.activity == want.activity
     assert m.series.last(1010.0, 12) == series.last(1010.0, 12)
+
+
+def test_a_grant_watched_late_waits_behind_those_before_it_and_is_never_flagged_early() -> None:
+    """
+    A grant learned late (merged on a heal: granted before grants watched
+    already) is checked against its own deadline, but only once the
+    grants before it in the FIFO are: flagged late, never early.
+    """
+    from twisted.logger import Logger
+
+    from lockservice.server.longholds import LongHolds
+
+    clock = Clock()
+    holds = LongHolds(clock, 60.0, Logger())
+    clock.advance(10)
+    holds.watch(b"first", 1, "a", clock.seconds())  # due at 70
+    holds.watch(b"late", 2, None, 0.0)  # granted at 0: due at 60
+    clock.advance(55)  # 65: past the late grant's deadline, not the first's
+    assert not holds.isLongHold(b"late", 2) and not holds.isLongHold(b"first", 1)
+    clock.advance(5)  # 70
+    assert holds.isLongHold(b"first", 1) and holds.isLongHold(b"late", 2)
+    assert holds.current == holds.count == 2
+    # Alone in the FIFO, a late grant is flagged at its own deadline.
+    holds.watch(b"alone", 3, None, 71.0)
+    clock.advance(60.5)  # 130.5: before 131
+    assert not holds.isLongHold(b"alone", 3)
+    clock.advance(0.5)
+    assert holds.isLongHold(b"alone", 3)

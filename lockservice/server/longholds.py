@@ -67,7 +67,11 @@ class LongHolds:
 
     def watch(self, key: bytes, token: int, owner: Optional[str], grantedAt: float) -> None:
         """
-        Watch a grant from the time it was granted.
+        Watch a grant from the time it was granted.  One learned late (a
+        grant merged on a heal, granted before grants watched already)
+        waits behind them: an entry is checked against its own deadline
+        only once those before it are done, so it may be flagged late,
+        never early.
         """
         self.held[(key, token)] = _Held(token, owner, grantedAt)
         # The record and the deadline in one call: with --warn-hold this
@@ -78,21 +82,6 @@ class LongHolds:
             # memory follows the held keys, not the grant rate.
             self._due = deque(entry for entry in self._due
                               if (entry[1], entry[2]) in self.held)
-        if self._alarm is None:
-            self._arm()
-
-    def watchLate(self, key: bytes, token: int, owner: Optional[str],
-                  grantedAt: float) -> None:
-        """
-        Watch a grant learned late (merged on a heal): granted before
-        grants watched already, its deadline does not go before theirs (the
-        deadlines are a FIFO), so it may be flagged late, never early.
-        """
-        self.held[(key, token)] = _Held(token, owner, grantedAt)
-        at = grantedAt + self.limit
-        if self._due and self._due[-1][0] > at:
-            at = self._due[-1][0]
-        self._due.append((at, key, token))
         if self._alarm is None:
             self._arm()
 

@@ -402,4 +402,4 @@ class Monitor:
                 continue
             self._event(ev.GRANT, key, token, None, "merged on a heal")
             if self.warnHold is not None:
-                self._holds.watchLate(key, token, None, grantedAt)
+                self._holds.watch(key, token, None, grantedAt)
