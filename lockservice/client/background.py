@@ -25,7 +25,11 @@ call there hangs until its timeout.  We need ~150 lines, and these rules:
   - B{Exit.}  The thread is a daemon, so it never holds the interpreter
     up; at exit we close the clients still open (their connections end
     with a FIN, so the node drops their waiters at once) and stop the
-    reactor, waiting L{EXIT_WAIT} seconds at most.
+    reactor, waiting L{EXIT_WAIT} seconds at most.  Calls still waiting
+    then (only daemon threads are left at exit) are never answered: an
+    answer would wake their thread to raise and print a traceback while
+    the interpreter finalizes, which can abort it ("could not acquire
+    lock for stderr at interpreter shutdown").
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ class ReactorThread:
         self.pid = os.getpid()
         self.reactor = _newReactor()
         self.closers: Set[Callable[[], "Deferred[Any]"]] = set()
+        # Set at interpreter exit: from then on no waiting call is answered.
+        self.exiting = False
         self._running = threading.Event()
         self.thread = threading.Thread(target=self._run, name="lockservice-reactor",
                                        daemon=True)
@@ -115,6 +121,8 @@ class ReactorThread:
         running: "list[Deferred[Any]]" = []
 
         def succeeded(value: Any) -> None:
+            if self.exiting:
+                return
             try:
                 future.set_result(value)
             except concurrent.futures.InvalidStateError:  # cancelled meanwhile
@@ -122,6 +130,8 @@ class ReactorThread:
                     onAbandon(value)
 
         def failed(failure: Failure) -> None:
+            if self.exiting:
+                return
             try:
                 future.set_exception(failure.value)
             except concurrent.futures.InvalidStateError:
@@ -203,6 +213,7 @@ def _atExit() -> None:
     thread = _current
     if thread is None or thread.pid != os.getpid() or not thread.thread.is_alive():
         return
+    thread.exiting = True
 
     def stop() -> None:
         closing = []
