@@ -387,6 +387,69 @@ def test_the_fold_counts_as_the_statistics_would_one_by_one() -> None:
     assert m.series.last(1010.0, 12) == series.last(1010.0, 12)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_the_fold_and_derived_counters_match_one_by_one_counting_read_at_any_time(
+        seed: int) -> None:
+    """
+    A record derives its activity and the zero waits of grants at once
+    when read (issue 20: fewer counters per change in the fold): read
+    between folds, after timeouts and with several keys, every figure is
+    what KeyStats fed one change at a time says.
+    """
+    import random
+
+    from lockservice.core.sketch import KeyStats
+    from lockservice.server.monitor import TIMEOUT
+
+    rng = random.Random(seed)
+    m = monitor()
+    keys = KeyStats()
+    names = [b"a", b"b", b"c"]
+    waits: Dict[bytes, List[float]] = {key: [] for key in names}  # counted by hand
+    changes = dict.fromkeys(names, 0)  # every queue, timeout, grant and drop
+    at = 1000.0
+    for i in range(3000):
+        key = rng.choice(names)
+        at += rng.random() * 0.01
+        step = rng.random()
+        if step < 0.1:
+            w = NamedWaiter(key, "bob", queuedAt=at)
+            m.queued(at, w)
+            keys.queued(key)
+            m.waitEnded(at + 0.5, w, TIMEOUT)
+            keys.timedOut(key, 0.5)
+            waits[key].append(0.5)
+            changes[key] += 2
+        else:
+            waited = 0.0 if step < 0.7 else rng.choice([0.0, 1e-5, 0.3])
+            w = NamedWaiter(key, "bob", queuedAt=at - waited) if step >= 0.7 else None
+            if w is not None:
+                m.queued(at - waited, w)
+                keys.queued(key)
+            m.granted(at, key, i, "bob", w, waited, conn("bob"))
+            keys.granted(key, waited)
+            waits[key].append(waited)
+            changes[key] += 3 if w is not None else 2  # (its queue,) its grant and drop
+            held = rng.choice([0.0, 2e-5, 0.001, 0.25])
+            m.dropped(at + held, key, i, "bob", held, expired=step > 0.95)
+            keys.dropped(key, held, step > 0.95)
+        if rng.random() < 0.01:  # a page reads now and then
+            for key in names:
+                got, want = m.keys.get(key), keys.get(key)
+                assert (got is None) == (want is None)
+                if got is not None and want is not None:
+                    assert got.asDict() == want.asDict()
+    for key in names:
+        got, want = m.keys.get(key), keys.get(key)
+        assert got is not None and want is not None
+        assert got.asDict() == want.asDict() and got.activity == want.activity
+        assert got.activity == changes[key]
+        for _ in range(2):  # reading derives nothing twice
+            assert got.wait.count == len(waits[key])
+            assert got.wait.zeros == sum(1 for w in waits[key] if w < 1e-4)
+            assert got.wait.total == pytest.approx(sum(waits[key]))
+
+
 def test_a_grant_watched_late_waits_behind_those_before_it_and_is_never_flagged_early() -> None:
     """
     A grant learned late (merged on a heal: granted before grants watched

@@ -123,10 +123,19 @@ _ceil, _log = math.ceil, math.log
 class KeyRecord:
     """
     What is known of one key: activity counters and two sketches.
+
+    The counters are what the monitor's fold updates per change; the rest
+    is derived when read: C{activity} (every change counted) and the
+    grants at once in the C{wait} sketch (a zero wait each).
+
+    @ivar hold: the hold times (released or expired grants).
+    @ivar waitedGrants: grants whose wait was not 0 (each in C{wait}
+        already); the others are zero waits, counted into C{wait} when
+        it is read.
     """
 
-    __slots__ = ("grants", "timeouts", "expiries", "releases", "waits", "hold", "wait",
-                 "activity")
+    __slots__ = ("grants", "timeouts", "expiries", "releases", "waits", "waitedGrants",
+                 "hold", "_wait", "_zeroWaitsCounted")
 
     def __init__(self) -> None:
         self.grants = 0
@@ -134,9 +143,40 @@ class KeyRecord:
         self.expiries = 0
         self.releases = 0
         self.waits = 0  # acquires that had to queue
+        self.waitedGrants = 0
         self.hold = Sketch()
-        self.wait = Sketch()
-        self.activity = 0
+        self._wait = Sketch()
+        self._zeroWaitsCounted = 0
+
+    @property
+    def activity(self) -> int:
+        """
+        Every change on the key: grants, queued acquires, timeouts,
+        expiries and releases.
+        """
+        return self.grants + self.waits + self.timeouts + self.expiries + self.releases
+
+    @property
+    def wait(self) -> Sketch:
+        """
+        The waits of the grants and of the acquires that timed out.
+        """
+        zeros = self.grants - self.waitedGrants - self._zeroWaitsCounted
+        if zeros:
+            wait = self._wait
+            wait.count += zeros
+            wait.zeros += zeros
+            wait.low = 0.0
+            self._zeroWaitsCounted += zeros
+        return self._wait
+
+    def addGrantWait(self, waited: float) -> None:
+        """
+        Count the wait of a grant (the grant is the caller's to count).
+        """
+        if waited != 0.0:  # a zero wait is derived from the grants
+            self.waitedGrants += 1
+            self.wait.add(waited)
 
     def asDict(self) -> Dict[str, object]:
         return {
@@ -176,22 +216,13 @@ class KeyStats:
 
     def record(self, key: bytes) -> KeyRecord:
         """
-        C{key}'s record, made (and room made for it) when it has none; its
-        activity is the caller's to count.
+        C{key}'s record, made (and room made for it) when it has none.
         """
-        record = self._records.get(key)
-        if record is None:
-            record = self._record(key)
-            record.activity -= 1
-        return record
-
-    def _record(self, key: bytes) -> KeyRecord:
         record = self._records.get(key)
         if record is None:
             if len(self._records) >= self.capacity + self._slack:
                 self._evict()
             record = self._records[key] = KeyRecord()
-        record.activity += 1
         return record
 
     def _evict(self) -> None:
@@ -204,20 +235,20 @@ class KeyStats:
     # -- the events counted --------------------------------------------------
 
     def granted(self, key: bytes, waited: float) -> None:
-        record = self._record(key)
+        record = self.record(key)
         record.grants += 1
-        record.wait.add(waited)
+        record.addGrantWait(waited)
 
     def queued(self, key: bytes) -> None:
-        self._record(key).waits += 1
+        self.record(key).waits += 1
 
     def timedOut(self, key: bytes, waited: float) -> None:
-        record = self._record(key)
+        record = self.record(key)
         record.timeouts += 1
         record.wait.add(waited)
 
     def dropped(self, key: bytes, heldFor: float, expired: bool) -> None:
-        record = self._record(key)
+        record = self.record(key)
         if expired:
             record.expiries += 1
         else:

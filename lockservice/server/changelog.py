@@ -58,7 +58,9 @@ class ChangeLog:
         the order they happened.  The event ring takes the log's entries
         as they are (L{_decoder} reads them when a page does); the
         statistics and the series are counted here, one loop over the
-        batch with the per-key record read inline.
+        batch with the per-key record read inline and only counters per
+        change (what a record derives is counted when it is read:
+        L{KeyRecord}).
         """
         if not self.log:
             return
@@ -90,25 +92,26 @@ class ChangeLog:
                 end = second + 1
                 grants = waits = holds = 0
                 holdTotal = holdMax = 0.0
+            # Per change only counters (and the hold time's sketch): the
+            # record derives its activity and the zero waits of grants at
+            # once when read (KeyRecord).
             if kind == _GRANTED:
                 key = entry[2]
-                record = records.get(key) or recordOf(key)
-                record.activity += 1
+                try:
+                    record = records[key]
+                except KeyError:
+                    record = recordOf(key)
                 record.grants += 1
                 waited = entry[5]
-                if waited == 0.0:
-                    # Sketch.add of a grant at once, inline (most grants)
-                    wait = record.wait
-                    wait.count += 1
-                    wait.zeros += 1
-                    wait.low = 0.0
-                else:
-                    record.wait.add(waited)
+                if waited != 0.0:
+                    record.addGrantWait(waited)
                 grants += 1
             elif kind == _DROPPED:
                 key, heldFor = entry[2], entry[5]
-                record = records.get(key) or recordOf(key)
-                record.activity += 1
+                try:
+                    record = records[key]
+                except KeyError:
+                    record = recordOf(key)
                 if entry[6]:
                     record.expiries += 1
                 else:
@@ -120,8 +123,10 @@ class ChangeLog:
                     holdMax = heldFor
             elif kind == _QUEUED:
                 key = entry[2]
-                record = records.get(key) or recordOf(key)
-                record.activity += 1
+                try:
+                    record = records[key]
+                except KeyError:
+                    record = recordOf(key)
                 record.waits += 1
                 waits += 1
             elif kind == _ENDED and entry[5] == TIMEOUT:
