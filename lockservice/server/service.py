@@ -282,7 +282,7 @@ class LockService(Mirroring, Service):
             reply(wire.renewed(key, False))
             return
         self.stats.renewalsOk += 1
-        held, grantedAt, expiresAt = cast(Tuple[int, float, float], table.grantOf(key))
+        held, grantedAt, expiresAt = cast("Tuple[int, float, float]", table.grantOf(key))
         owner: Callable[[], Optional[str]] = lambda: table.ownerOf(key)  # noqa: E731
         if held != token:  # one of a shared key's grants
             grantedAt, expiresAt = holder.grantedAt, holder.expiresAt
@@ -348,7 +348,7 @@ class LockService(Mirroring, Service):
         self.timers.fileLease(key, token, expiresAt, shared)
 
     def _takeWaiters(self) -> List[PendingAcquire]:
-        waiters = cast(List[PendingAcquire], self.table.takeWaiters())
+        waiters = cast("List[PendingAcquire]", self.table.takeWaiters())
         for waiter in waiters:
             waiter.deadline = 0.0
         self.timers.forgetWaits()
@@ -433,7 +433,8 @@ class LockService(Mirroring, Service):
             self._granted(grant, now, now - waiter.queuedAt, waiter.conn,
                           waiter.share != EXCLUSIVE)
             waiter.conn.finish(waiter, wire.granted(grant.key, grant.token))
-        for orphan in cast(List[PendingAcquire], orphans):
+        # (A string: a subscript would be evaluated at every hand-over.)
+        for orphan in cast("List[PendingAcquire]", orphans):
             self.timers.forgetWait(orphan)
             self._waitEnded(orphan, "error")
             self.stats.errors += 1
