@@ -176,7 +176,7 @@ class KeyRecord:
         """
         if waited != 0.0:  # a zero wait is derived from the grants
             self.waitedGrants += 1
-            self.wait.add(waited)
+            self._wait.add(waited)  # (in any order with the derived zeros)
 
     def asDict(self) -> Dict[str, object]:
         return {
