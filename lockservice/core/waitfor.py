@@ -316,20 +316,6 @@ class WaitForGraph:
         """
         return self.clientOf(self.connectionHolding(key))
 
-    def _pin(self, conn: Client) -> Client:
-        who = self.clientOf(conn)
-        assert who is not None
-        self._pinned[conn] = (who, self._pinned[conn][1] + 1 if conn in self._pinned else 1)
-        return who
-
-    def _unpin(self, conn: Client) -> Client:
-        who, count = self._pinned[conn]
-        if count == 1:
-            del self._pinned[conn]
-        else:
-            self._pinned[conn] = (who, count - 1)
-        return who
-
     # -- changes (O(1), never search) ------------------------------------------
 
     def hold(self, key: bytes, who: Optional[Client]) -> None:
@@ -360,11 +346,21 @@ class WaitForGraph:
         """
         C{who} (a connection) queued for C{key}.
         """
-        who = self._pin(who)
-        keys = self._waits.setdefault(who, {})
+        # _pin and holderOf, inline: this runs at every wait.
+        conn, pins = who, self._pinned
+        pinned = pins.get(conn)
+        if pinned is None:
+            who = self.clientOf(conn)
+            pins[conn] = (who, 1)
+        else:
+            who = pinned[0]
+            pins[conn] = (who, pinned[1] + 1)
+        keys = self._waits.get(who)
+        if keys is None:
+            keys = self._waits[who] = {}
         count = keys[key] = keys.get(key, 0) + 1
         self._waitedFor[key] = self._waitedFor.get(key, 0) + 1
-        holder = self.holderOf(key)
+        holder = self.clientOf(self.connectionHolding(key))
         # A key in shared form has no one holder (holderOf says None):
         # only then is it asked whether it is shared.
         if holder is None and self.isShared is not None and self.isShared(key):
@@ -382,13 +378,18 @@ class WaitForGraph:
         One of C{who}'s (a connection's) waits for C{key} ended (granted,
         timed out, withdrawn).
         """
-        if who not in self._pinned:
+        pinned = self._pinned.get(who)
+        if pinned is None:
             return
-        conn, who = who, self._pinned[who][0]
+        conn, who = who, pinned[0]
         keys = self._waits.get(who)
         if keys is None or key not in keys:
             return
-        self._unpin(conn)
+        # _unpin, inline: this runs at every grant to a waiter.
+        if pinned[1] == 1:
+            del self._pinned[conn]
+        else:
+            self._pinned[conn] = (who, pinned[1] - 1)
         keys[key] -= 1
         if self._waitedFor[key] == 1:
             del self._waitedFor[key]
