@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 from twisted.logger import LogEvent, formatEvent, globalLogPublisher
 
 from lockservice.core.events import TYPES
+from lockservice.core.sketch import Sketch
 from lockservice.core.table import Waiter
 from lockservice.server.monitor import TIMEOUT, WITHDRAWAL, Monitor
 
@@ -446,7 +447,7 @@ def test_the_fold_and_derived_counters_match_one_by_one_counting_read_at_any_tim
         assert got.activity == changes[key]
         for _ in range(2):  # reading derives nothing twice
             assert got.wait.count == len(waits[key])
-            assert got.wait.zeros == sum(1 for w in waits[key] if w < 1e-4)
+            assert got.wait.zeros == sum(1 for w in waits[key] if w < Sketch.FLOOR)
             assert got.wait.total == pytest.approx(sum(waits[key]))
 
 

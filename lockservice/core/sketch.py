@@ -25,12 +25,14 @@ class Sketch:
     keeps the memory constant and costs accuracy only in the low quantiles
     (p99 and the mean stay exact-ish and exact).
 
-    Durations below C{FLOOR} seconds share one bucket (reported as 0).
+    Durations below C{FLOOR} seconds share one bucket (reported as 0): one
+    microsecond, the resolution the summaries are shown at, so that a lock
+    held for 50 microseconds reads as that and not as 0.
     """
 
     GAMMA = 1.15
     MAX_BUCKETS = 80
-    FLOOR = 1e-4
+    FLOOR = 1e-6
 
     __slots__ = ("count", "total", "low", "high", "_buckets", "zeros")  # zeros: samples below FLOOR
 
