@@ -46,7 +46,7 @@ def test_sketch_memory_is_bounded() -> None:
     assert sketch.quantile(0.99) == pytest.approx(exactQuantile(values, 0.99), rel=0.075)
 
 
-def test_sketch_sub_millisecond_holds_are_not_reported_as_zero() -> None:
+def test_sketch_holds_of_tens_of_microseconds_are_not_reported_as_zero() -> None:
     """
     A lock held for 20-80 microseconds (a fast critical section on a quiet
     node) keeps its quantiles within the sketch's ~7%, down to the
