@@ -249,8 +249,8 @@ class LockService(Mirroring, Service):
     def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
         """
         Release C{token}'s hold on C{key}; C{reply} gets the answer after the
-        observers heard of it and before the key's next waiter hears of its
-        grant.
+        observers heard of it, in the same turn as the key's next waiter
+        hears of its grant (which goes to its socket first: see turn.py).
         """
         if self.role != ACTIVE:
             self.stats.redirects += 1
@@ -370,8 +370,8 @@ class LockService(Mirroring, Service):
         End the grant of C{key} that C{holding} (C{table.holding(key)})
         describes, which must still hold it (a release, or an expiry), and
         hand the key to its next live waiter.  C{reply} hears a release's
-        answer after the change went to the observers (replication) and
-        before the next waiter hears of its grant.
+        answer after the change went to the observers (replication), in
+        the same turn as the next waiter hears of its grant.
         """
         table = self.table
         token, grantedAt, _, client = holding

@@ -136,7 +136,13 @@ class AnswerTurn:
                 # close() and _send(), inline: a single node ends every
                 # turn of requests here.
                 turn, self.current = self.current, None
-                for conn in turn or ():
+                if turn is None:
+                    return
+                # Last answered first: the connection whose input made the
+                # turn answered first, so a hand-over's new holder is sent
+                # its grant before the releaser hears "released" (the grant
+                # is what the next request waits for).
+                for conn in reversed(turn):
                     try:
                         conn.flushAnswers()
                     except Exception:
@@ -166,7 +172,8 @@ class AnswerTurn:
                     self._held.append((position, conn))
                 self._retrySoon()
                 return
-        self._send(turn or ())
+        if turn:
+            self._send(reversed(turn))  # last answered first, as above
 
     def mayAnswerNow(self) -> bool:
         """
