@@ -13,6 +13,7 @@ import pytest_twisted
 import treq
 from treq.testing import StubTreq
 
+from lockservice.server.deadlocks import WAIT_ENTERS_AFTER
 from lockservice.server.http import makeRoot
 from lockservice.server.monitor import Monitor
 from lockservice.testing.harness import LineClient, Node, freePort, waitFor
@@ -225,7 +226,11 @@ def test_deadlock_on_status(node: ProtocolNode) -> None:
     y.ask(b"A k2 30 0")
     x.ask(b"A k2 30 0")
     y.ask(b"A k1 30 0")
-    node.clock.advance(0)  # the wait-for graph is checked on the next turn
+    node.clock.advance(0)
+    _, body = fetch(stub, "/status")
+    assert json.loads(body)["deadlocks"] == []  # the waits are not in the graph yet
+    # Once they have lasted WAIT_ENTERS_AFTER, they are, and are checked.
+    node.clock.advance(WAIT_ENTERS_AFTER)
     _, body = fetch(stub, "/status")
     [cycle] = json.loads(body)["deadlocks"]
     assert json.loads(body)["deadlocks_count"] == 1

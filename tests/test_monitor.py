@@ -14,6 +14,7 @@ from twisted.logger import LogEvent, formatEvent, globalLogPublisher
 from lockservice.core.events import TYPES
 from lockservice.core.sketch import Sketch
 from lockservice.core.table import Waiter
+from lockservice.server.deadlocks import WAIT_ENTERS_AFTER
 from lockservice.server.monitor import TIMEOUT, WITHDRAWAL, Monitor
 
 
@@ -326,9 +327,110 @@ def test_deadlock_through_the_lock_service_table(log: List[str]) -> None:
     assert acquire(y, b"k1") is None
     assert log == []
     clock.advance(0)
+    assert log == []  # the waits enter the wait-for graph once they have lasted
+    clock.advance(WAIT_ENTERS_AFTER)
     assert log == ["Deadlock: y waits for k1 (held by x-renamed) -> "
                    "x-renamed waits for k2 (held by y)"]
     assert locks.table.ownerOf(b"k1") == "x-renamed"
+
+
+def _serviceWithMonitor() -> Any:
+    from lockservice.server.service import LockService, PendingAcquire
+
+    clock = Clock()
+    clock.advance(1000)
+    locks = LockService(clock, lambda: 1_000_000)
+    m = Monitor(clock, locks.table.clientOf)
+    locks.activity.append(m)
+
+    def acquire(conn: ServiceConn, key: bytes, wait: float = 0.0) -> Optional[int]:
+        answer = locks.acquire(PendingAcquire(key, 30.0, conn), wait)
+        return int(answer.split()[2]) if answer is not None else None
+
+    return clock, locks, m, acquire
+
+
+def test_a_wait_shorter_than_the_entry_delay_never_touches_the_wait_for_graph() -> None:
+    """
+    Issue 20: a busy key's waits last about a hand-off (a tenth of a
+    millisecond); they cost the wait-for graph nothing (before, each one
+    was entered and taken out again: a tenth of the server's CPU per
+    contended hand-off).  A wait that lasts is entered, and leaves again.
+    """
+    clock, locks, m, acquire = _serviceWithMonitor()
+    graph = m.graph
+    conns = [ServiceConn(f"c{i}") for i in range(4)]
+    token = acquire(conns[0], b"hot")
+    assert token is not None
+    for conn in conns[1:]:
+        assert acquire(conn, b"hot") is None
+    for _ in range(30):  # hand-offs, 1 ms apart
+        clock.advance(0.001)
+        holder = locks.table.clientOf(b"hot")
+        locks.release(b"hot", token, holder.answers.append)
+        assert acquire(holder, b"hot") is None
+        token = locks.table.holding(b"hot")[0]
+        assert graph.waitedFor == {} and graph._waits == {} and graph._pinned == {}
+    # A wait that lasts enters the graph; granted, it leaves it.
+    clock.advance(WAIT_ENTERS_AFTER)
+    assert graph.waitedFor == {b"hot": 3}
+    holder = locks.table.clientOf(b"hot")
+    locks.release(b"hot", token, holder.answers.append)
+    assert graph.waitedFor == {b"hot": 2}
+
+
+def test_a_cycle_closed_by_a_hand_over_to_a_wait_not_yet_in_the_graph_is_found(
+        log: List[str]) -> None:
+    """
+    y waits for k1 (x holds it) and for k2 (z holds it); x queues for k2
+    behind y.  z releases k2: y gets it while its waits are not in the
+    graph yet, and now x and y wait for each other.  Found once the waits
+    have lasted the entry delay, as if they had been queued then.
+    """
+    clock, locks, m, acquire = _serviceWithMonitor()
+    x, y, z = ServiceConn("x"), ServiceConn("y"), ServiceConn("z")
+    assert acquire(x, b"k1") is not None
+    k2 = acquire(z, b"k2")
+    assert k2 is not None
+    assert acquire(y, b"k1") is None and acquire(y, b"k2") is None
+    assert acquire(x, b"k2") is None
+    locks.release(b"k2", k2, z.answers.append)  # handed over to y
+    assert locks.table.clientOf(b"k2") is y
+    clock.advance(WAIT_ENTERS_AFTER / 2)
+    assert log == []
+    clock.advance(WAIT_ENTERS_AFTER / 2)
+    assert log == ["Deadlock: y waits for k1 (held by x) -> x waits for k2 (held by y)"]
+
+
+def test_a_burst_of_waits_enters_the_graph_a_budget_per_reactor_turn() -> None:
+    """
+    12,000 waits queued at once enter the graph ENTER_BUDGET per turn, not
+    in one turn that would hold every client up.
+    """
+    from lockservice.server.deadlocks import ENTER_BUDGET
+
+    clock, locks, m, acquire = _serviceWithMonitor()
+    assert acquire(ServiceConn("holder"), b"k") is not None
+    locks.maxWaiters = 20_000
+    for i in range(12_000):
+        assert acquire(ServiceConn(f"w{i}"), b"k") is None
+    checks = m._checks
+    entering = checks.entering
+    assert entering is not None and entering.getTime() == clock.seconds() + WAIT_ENTERS_AFTER
+    # One turn at a time (task.Clock would run the turns due now in one
+    # advance): each enters at most the budget, and leaves the rest to
+    # the next turn.
+    for entered in (ENTER_BUDGET, 2 * ENTER_BUDGET):
+        at = entering.getTime()
+        entering.cancel()
+        checks.entering = None
+        clock.advance(at - clock.seconds())
+        checks._enter()
+        assert m.graph.waitedFor == {b"k": entered}
+        entering = checks.entering
+        assert entering is not None and entering.getTime() == clock.seconds()
+    clock.advance(0)
+    assert m.graph.waitedFor == {b"k": 12_000} and not checks.fresh
 
 
 def test_a_pause_in_handing_off_forgets_nothing(log: List[str]) -> None:

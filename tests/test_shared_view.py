@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 import pytest
 
 from lockservice.server import http
+from lockservice.server.deadlocks import WAIT_ENTERS_AFTER
 from tests.test_http import fetch, withMonitor
 from tests.test_protocol import T0
 from tests.test_protocol import Node as ProtocolNode
@@ -154,7 +155,9 @@ def test_force_release_of_one_grant_of_a_shared_key(node: ProtocolNode) -> None:
 
 
 def deadlocks(node: ProtocolNode, stub: Any) -> List[Dict[str, Any]]:
-    node.clock.advance(0)  # the check runs on the next reactor turn
+    # Waits enter the wait-for graph once they have lasted a while; the
+    # check runs then.
+    node.clock.advance(WAIT_ENTERS_AFTER)
     data = status(stub)
     assert data["deadlocks_count"] == len(data["deadlocks"])
     return data["deadlocks"]  # type: ignore[no-any-return]
@@ -174,7 +177,7 @@ def test_a_cycle_through_a_read_lock_is_reported(node: ProtocolNode) -> None:
     assert r.ask(b"A m 30 60") == b""
     assert deadlocks(node, stub) == [{
         "length": 2, "clients": ["w", "r"], "keys": ["k", "m"],
-        "since": 1_700_000_000.0,
+        "since": 1_700_000_000.1,  # found once r's wait had lasted 0.05 s
         "description": "w waits for k (blocked by r) -> r waits for m (held by w)",
         "shared": True, "deadlocked": ["r", "w"],
     }]

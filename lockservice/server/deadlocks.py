@@ -12,6 +12,7 @@ on the hot path and asks for a check (L{DeadlockChecks.soon}).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from itertools import islice
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
@@ -24,6 +25,14 @@ from lockservice.core.waitfor import READ, WRITE, SharedView, WaitForGraph
 
 # Edges of the wait-for graph visited per reactor turn (about 2 ms).
 CHECK_BUDGET = 5000
+# A wait enters the wait-for graph once it has lasted this long: nearly
+# every wait of a busy key is shorter (a hand-off takes about 0.1 ms), and
+# costs the graph nothing then (about a tenth of a contended hand-off's
+# server CPU, issue 20).  A deadlock lasts until a lease ends it: it is
+# found this much later, and no wait it consists of is missed.
+WAIT_ENTERS_AFTER = 0.05
+# Waits entered into the graph per reactor turn (a burst of 100,000).
+ENTER_BUDGET = 5000
 # Cycles listed on /status and the dashboard (the rest are counted).
 DEADLOCKS_LISTED = 20
 
@@ -59,6 +68,11 @@ class DeadlockChecks:
         its C{cycles}).
     @ivar pending: the check asked for and not run yet, or None.  The
         monitor reads it inline on its hot path (no call to ask).
+    @ivar fresh: the waits (queued acquires) not in the graph yet, oldest
+        first; the monitor adds and removes them inline, and calls
+        L{enterSoon} when it added one while C{entering} is None.
+    @ivar entering: the call that enters the waits of C{fresh} that have
+        lasted L{WAIT_ENTERS_AFTER} into the graph, or None.
     """
 
     def __init__(self, clock: IReactorTime, holderOf: Callable[[bytes], object],
@@ -83,6 +97,10 @@ class DeadlockChecks:
             self.graph = WaitForGraph(holderOf)
         self._notes = self.graph.notes
         self.pending: Optional[IDelayedCall] = None
+        # (An OrderedDict: the oldest is taken from the front at O(1), where
+        # a dict would walk over the slots of those taken before it.)
+        self.fresh: "OrderedDict[Any, None]" = OrderedDict()
+        self.entering: Optional[IDelayedCall] = None
 
     def _sharedOf(self, key: bytes, cap: int) -> Optional[SharedView]:
         """
@@ -100,6 +118,48 @@ class DeadlockChecks:
         queue = [(waiter.client(), READ if waiter.share == TABLE_READ else WRITE)
                  for waiter in islice(table.queueOf(key) or (), cap)]
         return slots, holders, queue, table.holderCount(key) > len(holders)
+
+    # Waits enter the graph late, in the order they were queued, and the
+    # graph notes what they close as if they had just been queued then:
+    # a cycle's last wait to enter is searched from (WaitForGraph.wait).
+
+    def enterSoon(self) -> None:
+        """
+        Enter the oldest fresh wait when it has lasted long enough.
+        """
+        if self.entering is None and self.fresh:
+            oldest = next(iter(self.fresh))
+            delay = oldest.queuedAt + WAIT_ENTERS_AFTER - self.clock.seconds()
+            self.entering = self.clock.callLater(max(0.0, delay), self._enter)
+
+    def _enter(self) -> None:
+        self.entering = None
+        fresh, wait = self.fresh, self.graph.wait
+        # (A microsecond early at most: the call was timed by the same
+        # sum, which floats may round the other way.)
+        due = self.clock.seconds() - WAIT_ENTERS_AFTER + 1e-6
+        budget = ENTER_BUDGET
+        while fresh and budget:
+            waiter = next(iter(fresh))
+            if waiter.queuedAt > due:
+                break
+            del fresh[waiter]
+            wait(waiter.key, waiter.conn)
+            budget -= 1
+        if fresh and not budget:
+            self.entering = self.clock.callLater(0, self._enter)  # the rest next turn
+        else:
+            self.enterSoon()
+        self.soon()
+
+    def forgetWaits(self) -> None:
+        """
+        Forget the fresh waits (the graph was cleared).
+        """
+        self.fresh.clear()
+        if self.entering is not None and self.entering.active():
+            self.entering.cancel()
+        self.entering = None
 
     # Changes only note what to check; the search runs on a later reactor
     # turn, a budget of edges at a time, so a burst of thousands of waits
@@ -135,8 +195,11 @@ class DeadlockChecks:
 
     def stop(self) -> None:
         """
-        Cancel a pending check.
+        Cancel a pending check, and the entering of fresh waits.
         """
         if self.pending is not None and self.pending.active():
             self.pending.cancel()
         self.pending = None
+        if self.entering is not None and self.entering.active():
+            self.entering.cancel()
+        self.entering = None

@@ -8,8 +8,10 @@ force-release.
 L{Monitor} is told of every change by the L{LockService} (it is one of
 its C{activity} observers).  On that hot path it only notes the change (one
 tuple appended to a log) and keeps the wait-for graph current (for a key
-nobody waits for, two dict look-ups); the rest is done by its parts, each
-in its own module:
+nobody waits for, two dict look-ups; a wait enters the graph only once it
+has lasted L{WAIT_ENTERS_AFTER<lockservice.server.deadlocks.WAIT_ENTERS_AFTER>},
+so the waits of a busy key, each as long as a hand-off, cost it nothing);
+the rest is done by its parts, each in its own module:
 
   - L{changelog<lockservice.server.changelog>}: the log of noted changes,
     from which the event ring, the per-key statistics and the per-second
@@ -57,6 +59,10 @@ REDIRECT = "redirect"
 # The kinds of noted change (L{ChangeLog}'s), by the names the hot path uses.
 _GRANTED, _DROPPED, _QUEUED = changelog.GRANTED, changelog.DROPPED, changelog.QUEUED
 _ENDED, _RENEWED, _EVENT = changelog.ENDED, changelog.RENEWED, changelog.EVENT
+
+# What DeadlockChecks.fresh.pop gives for a wait no longer fresh (in the
+# wait-for graph).
+_ENTERED = object()
 
 __all__ = ["TIMEOUT", "WITHDRAWAL", "REDIRECT", "Named", "Waiter", "HeldKey",
            "ActivityObserver", "SharedTable", "Releaser", "Monitor"]
@@ -175,6 +181,9 @@ class Monitor:
         self._waitedFor = self.graph.waitedFor
         self._cycleKeys = self.graph.cycleKeys
         self._notes = self.graph.notes
+        # The waits not in the graph yet (DeadlockChecks.fresh): most end
+        # before they would enter it, at the cost of a dict entry.
+        self._fresh = self._checks.fresh
         # Without --warn-hold nothing is ever a long hold, and no grant is
         # watched (the table's holders are all there is per key).
         self._holds = LongHolds(clock, math.inf if warnHold is None else warnHold, log)
@@ -233,16 +242,19 @@ class Monitor:
         log.append((_QUEUED, now, waiter.key))
         if len(log) >= FOLD_AT:
             self._fold()
-        self.graph.wait(waiter.key, waiter.conn)
-        if self._checks.pending is None and self._notes:  # _checkSoon, inline
-            self._checkSoon()
+        # The wait enters the wait-for graph once it has lasted a while
+        # (deadlocks.WAIT_ENTERS_AFTER).
+        self._fresh[waiter] = None
+        if self._checks.entering is None:
+            self._checks.enterSoon()
 
     def waitEnded(self, now: float, waiter: Waiter, reason: str) -> None:
         if reason in (TIMEOUT, WITHDRAWAL):  # the events; a redirect is none
             self._note((_ENDED, now, waiter.key, waiter.holderName(),
                         now - waiter.queuedAt, reason))
-        self.graph.unwait(waiter.key, waiter.conn)
-        self._checkSoon()
+        if self._fresh.pop(waiter, _ENTERED) is _ENTERED:
+            self.graph.unwait(waiter.key, waiter.conn)
+            self._checkSoon()
 
     def granted(self, now: float, key: bytes, token: int, owner: Optional[str],
                 waiter: Optional[Waiter], waited: float,
@@ -260,17 +272,20 @@ class Monitor:
             # Only long-hold checks need a record per grant: without
             # --warn-hold the table's holders are all there is per key.
             self._holds.watch(key, token, owner, now)
-        if waiter is not None:
+        if waiter is not None and self._fresh.pop(waiter, _ENTERED) is _ENTERED:
             graph = self.graph
             graph.unwait(key, waiter.conn)
             graph.hold(key, waiter.conn if conn is None else conn)
             if self._checks.pending is None and self._notes:  # _checkSoon, inline
                 self._checkSoon()
         elif key in self._waitedFor or key in self._cycleKeys:
-            # A grant at once to a key somebody waits for (a shared key's
-            # reader) or that a reported cycle ran through; any other
-            # grant at once changes nothing the graph looks at (as
-            # WaitForGraph.hold has it, without the call).
+            # A grant (at once, or to a wait not in the graph yet) of a key
+            # somebody waits for (a shared key's reader, waits queued
+            # behind) or that a reported cycle ran through; any other
+            # changes nothing the graph looks at (as WaitForGraph.hold has
+            # it, without the call).
+            if conn is None and waiter is not None:
+                conn = waiter.conn
             self.graph.hold(key, conn)
             self._checkSoon()
 
@@ -312,6 +327,7 @@ class Monitor:
             return
         self._holds.clear()
         self.graph.clear()
+        self._checks.forgetWaits()
         self.stop()  # timers and long-hold deadlines start again from here
         if role not in _WATCHED:
             return
