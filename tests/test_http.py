@@ -6,7 +6,7 @@ plus one real treq request against a running node.
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import pytest
 import pytest_twisted
@@ -307,6 +307,40 @@ def test_force_release_on_a_standby(node: ProtocolNode) -> None:
     node.service.setRole("standby", b"h:1")
     code, answer = post(stub, "/locks/k/release")
     assert code == 409 and answer["active"] == "h:1"
+
+
+def test_the_plain_histograms_render_as_prometheus_clients_own() -> None:
+    """
+    Issue 20: the hold and wait histograms are counted in a plain list (a
+    bisect per observation, not prometheus_client's lock per bucket), and
+    scrape exactly as a prometheus_client Histogram fed the same values:
+    the bounds inclusive, the counts cumulative, the sum.
+    """
+    import random
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from lockservice.server.metrics import _BUCKETS, Buckets
+
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    plain = Buckets("h_seconds", "doc", _BUCKETS)
+    ours.register(plain)
+    reference = Histogram("h_seconds", "doc", buckets=_BUCKETS, registry=theirs)
+    rng = random.Random(20)
+    values = [0.0, 0.0005, 1, 60, 3600, 3600.5, 1e9] + list(_BUCKETS)
+    values += [rng.choice((0.0, 10 ** rng.uniform(-6, 4))) for _ in range(2000)]
+    for value in values:
+        plain.observe(value)
+        reference.observe(value)
+
+    def samples(registry: Any) -> List[Tuple[str, Any, float]]:
+        # (Theirs also has its creation time, a gauge of its own.)
+        return sorted((s.name, tuple(sorted(s.labels.items())), s.value)
+                      for metric in registry.collect() for s in metric.samples
+                      if not s.name.endswith("_created"))
+
+    assert samples(ours) == samples(theirs)
+    assert b'h_seconds_bucket{le="1.0"}' in generate_latest(ours)
 
 
 def test_metrics_exposition(node: ProtocolNode) -> None:
