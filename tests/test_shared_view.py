@@ -187,6 +187,36 @@ def test_a_cycle_through_a_read_lock_is_reported(node: ProtocolNode) -> None:
     assert deadlocks(node, stub) == []
 
 
+@pytest.mark.parametrize("share", [b"", b" r", b" 2"])
+def test_a_cycle_through_a_shared_key_with_thousands_queued_is_reported(
+        node: ProtocolNode, share: bytes) -> None:
+    """
+    Found by a black-box helper: h reads k (or holds a slot of it), q
+    queues to write it first (the semaphore: waits for a slot), then 3,000
+    more acquires queue behind q; q takes x, and h waits for x.  Reading
+    k's 3,000 waiters used up the whole search, and the cycle was never
+    reported, not even after the queue emptied.
+    """
+    stub, _ = withMonitor(node)
+    h, q, filler = named(node, "h"), named(node, "q"), named(node, "filler")
+    other = named(node, "other")
+    holdShare, waitShare = (b" r", b"") if share != b" 2" else (b" 2", b" 2")
+    tokenOf(h.ask(b"A k 30 0" + holdShare))
+    if share == b" 2":
+        tokenOf(other.ask(b"A k 30 0 2"))  # the semaphore's second slot
+    assert q.ask(b"A k 30 60" + waitShare) == b""
+    assert deadlocks(node, stub) == []  # (q's wait is checked on its own)
+    filler.send(b"".join([b"A k 30 60" + (share or waitShare) + b"\n"] * 3000))
+    assert filler.take() == b""
+    assert deadlocks(node, stub) == []  # (and the 3,000 behind it)
+    tokenOf(q.ask(b"A x 30 0"))
+    assert h.ask(b"A x 30 60") == b""
+    if share == b" 2":
+        assert other.ask(b"A x 30 60") == b""  # every slot's holder is stuck
+    [found] = deadlocks(node, stub)
+    assert found["keys"] == ["k", "x"] and "q waits for k" in found["description"]
+
+
 def test_a_reader_behind_a_queued_writer_waits_for_that_writer(
         node: ProtocolNode) -> None:
     """

@@ -213,6 +213,12 @@ class WaitForGraph:
     @ivar detected: how many cycles were reported since start.
     @ivar maxSearch: edges one search may visit; a cycle beyond it is not
         found (the search gives up rather than stall the server).
+    @ivar maxShared: holders and waiters read of one shared key per
+        search, a quarter of C{maxSearch}: reading a key with thousands
+        queued must leave the search room to go on (read in full, it used
+        the whole search, and a cycle through that key's first waiter was
+        never found).  A waiter queued behind them is given no waits (it
+        can miss a deadlock through it, never make a false one).
     @ivar maxCycles: how many cycles are kept; beyond it new ones are only
         counted in C{unlisted}.
     @ivar maxPending: how many checks may wait; beyond it the oldest are
@@ -250,6 +256,7 @@ class WaitForGraph:
         # a rename (I) in between cannot split its waits over two clients.
         self._pinned: Dict[Client, Tuple[Client, int]] = {}
         self.maxSearch = maxSearch
+        self.maxShared = max(1, maxSearch // 4)
         self.maxCycles = maxCycles
         self.maxPending = maxPending
         self._waits: Dict[Client, Dict[bytes, int]] = {}
@@ -576,7 +583,7 @@ class WaitForGraph:
         cost.  A key in the one-holder form: each waiter waits for its
         holder (as the exclusive search has it), one L{Wait} for all.  A
         shared key: L{keyWaits} of what the table shows (at most
-        C{maxSearch} holders and waiters), by client; a semaphore whose
+        C{maxShared} holders and waiters), by client; a semaphore whose
         holders were cut gives no waits at all (an ANY wait may never lose
         a blocker: that could make a false deadlock; a wait left out can
         only miss one).
@@ -585,7 +592,7 @@ class WaitForGraph:
         if known is not None:
             return known, 1
         assert self.sharedOf is not None
-        view = self.sharedOf(key, self.maxSearch)
+        view = self.sharedOf(key, self.maxShared)
         if view is None:
             holder = self.holderOf(key)
             plain: _KeyWaits = Wait(ALL, frozenset((holder,)), key) if holder is not None else {}
