@@ -269,6 +269,25 @@ def test_readers_waiting_on_each_other_through_a_semaphore_with_a_free_path(
     assert deadlocks(node, stub) == []
 
 
+def test_a_semaphore_waiter_holding_a_slot_itself_waits_for_every_other_slot(
+        node: ProtocolNode) -> None:
+    """
+    Found by a black-box helper: a and b hold the two slots of s; a holds
+    x and waits for another slot of s; b waits for x.  The description
+    said "every slot held by b", though a holds one of them.
+    """
+    stub, _ = withMonitor(node)
+    a, b = named(node, "a"), named(node, "b")
+    tokenOf(a.ask(b"A s 30 0 2"))
+    tokenOf(b.ask(b"A s 30 0 2"))
+    tokenOf(a.ask(b"A x 30 0"))
+    assert a.ask(b"A s 30 60 2") == b"" and b.ask(b"A x 30 60") == b""
+    [found] = deadlocks(node, stub)
+    assert found["description"] == ("a waits for s (every other slot held by b) -> "
+                                    "b waits for x (held by a)")
+    assert found["deadlocked"] == ["a", "b"]
+
+
 def test_a_wait_on_a_semaphore_with_a_free_slot_is_no_deadlock(
         node: ProtocolNode) -> None:
     """

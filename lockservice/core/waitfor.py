@@ -158,7 +158,8 @@ class Cycle:
         C{a waits for k1 (held by b) -> b waits for k2 (held by a)}.
 
         A step through a shared key says so: C{(every slot held by a, b)}
-        for a semaphore (its waiter needs one of them to go, and none can),
+        for a semaphore (its waiter needs one of them to go, and none can;
+        C{every other slot} when the waiter holds one itself),
         C{(blocked by b)} for a read-write key (b holds it or is a writer
         queued ahead).
         """
@@ -170,7 +171,9 @@ class Cycle:
             if via is None:
                 why = f"held by {nameOf(holder)}"
             elif via[0] == ANY:
-                why = "every slot held by " + ", ".join(nameOf(b) for b in via[1])
+                others = [b for b in via[1] if b is not who]
+                why = ("every other slot held by " if len(others) < len(via[1])
+                       else "every slot held by ") + ", ".join(nameOf(b) for b in others)
             else:
                 why = f"blocked by {nameOf(holder)}"
             parts.append(f"{nameOf(who)} waits for {shown} ({why})")
@@ -689,7 +692,10 @@ class WaitForGraph:
             wait, inside = chosen[w]
             if self.sharedOf is not None and self.isShared is not None \
                     and self.isShared(wait.key):
-                via[(w, wait.key)] = (wait.how, tuple(inside))
+                # A semaphore waiter holding a slot itself is shown among
+                # its blockers (the description says "every other slot").
+                own = (w,) if wait.own else ()
+                via[(w, wait.key)] = (wait.how, tuple(inside) + own)
         if not via:
             return None, stuck, cost  # exclusive keys only: not ours to report
         # Who the deadlock holds: the ring, and every holder of a
@@ -836,14 +842,19 @@ ANY = "any"
 class Wait:
     """
     One queued acquire's wait: for C{ALL} or C{ANY} of C{blockers}.
+
+    @ivar own: the waiter is one of the key's holders itself (a semaphore
+        waiter holding a slot: it waits for every other slot).
     """
 
-    __slots__ = ("how", "blockers", "key")
+    __slots__ = ("how", "blockers", "key", "own")
 
-    def __init__(self, how: str, blockers: FrozenSet[Client], key: bytes = b"") -> None:
+    def __init__(self, how: str, blockers: FrozenSet[Client], key: bytes = b"",
+                 own: bool = False) -> None:
         self.how = how
         self.blockers = blockers
         self.key = key
+        self.own = own
 
     def __repr__(self) -> str:
         return f"Wait({self.how}, {set(self.blockers)!r}, {self.key!r})"
@@ -874,10 +885,11 @@ def keyWaits(key: bytes, holders: Sequence[Tuple[Client, str]],
         nobody: FrozenSet[Client] = frozenset()
         for i, (who, _) in enumerate(queue):
             if i < free:
-                blockers = nobody
+                out.append((who, Wait(ANY, nobody, key)))
+            elif who in everyone:
+                out.append((who, Wait(ANY, everyone - {who}, key, own=True)))
             else:
-                blockers = everyone - {who} if who in everyone else everyone
-            out.append((who, Wait(ANY, blockers, key)))
+                out.append((who, Wait(ANY, everyone, key)))
         return out
     # run: the last writer ahead (first) and everyone after it, or all
     # ahead while no writer is; lastWriter, the writer before it too
