@@ -294,12 +294,7 @@ class ServiceConn(Conn):
         pass
 
 
-def test_deadlock_through_the_lock_service_table(log: List[str]) -> None:
-    """
-    The monitor's graph reads who holds what from the service's table (the
-    connection kept with each grant), including a renamed connection, a
-    hand-over, and a key whose table slot was reused.
-    """
+def _serviceWithMonitor() -> Any:
     from lockservice.server.service import LockService, PendingAcquire
 
     clock = Clock()
@@ -307,11 +302,22 @@ def test_deadlock_through_the_lock_service_table(log: List[str]) -> None:
     locks = LockService(clock, lambda: 1_000_000)
     m = Monitor(clock, locks.table.clientOf)
     locks.activity.append(m)
-    x, y, z = ServiceConn("x"), ServiceConn("y"), ServiceConn("z")
 
     def acquire(conn: ServiceConn, key: bytes) -> Optional[int]:
         answer = locks.acquire(PendingAcquire(key, 30.0, conn), 0.0)
         return int(answer.split()[2]) if answer is not None else None
+
+    return clock, locks, m, acquire
+
+
+def test_deadlock_through_the_lock_service_table(log: List[str]) -> None:
+    """
+    The monitor's graph reads who holds what from the service's table (the
+    connection kept with each grant), including a renamed connection, a
+    hand-over, and a key whose table slot was reused.
+    """
+    clock, locks, _, acquire = _serviceWithMonitor()
+    x, y, z = ServiceConn("x"), ServiceConn("y"), ServiceConn("z")
 
     gone = acquire(z, b"gone")
     assert gone is not None
@@ -332,22 +338,6 @@ def test_deadlock_through_the_lock_service_table(log: List[str]) -> None:
     assert log == ["Deadlock: y waits for k1 (held by x-renamed) -> "
                    "x-renamed waits for k2 (held by y)"]
     assert locks.table.ownerOf(b"k1") == "x-renamed"
-
-
-def _serviceWithMonitor() -> Any:
-    from lockservice.server.service import LockService, PendingAcquire
-
-    clock = Clock()
-    clock.advance(1000)
-    locks = LockService(clock, lambda: 1_000_000)
-    m = Monitor(clock, locks.table.clientOf)
-    locks.activity.append(m)
-
-    def acquire(conn: ServiceConn, key: bytes, wait: float = 0.0) -> Optional[int]:
-        answer = locks.acquire(PendingAcquire(key, 30.0, conn), wait)
-        return int(answer.split()[2]) if answer is not None else None
-
-    return clock, locks, m, acquire
 
 
 def test_a_wait_shorter_than_the_entry_delay_never_touches_the_wait_for_graph() -> None:
