@@ -20,16 +20,67 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 
+def _ephemeralLow() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_SLICE = 1000
+_nextPort: Dict[str, int] = {}
+
+
+def _portSlice() -> range:
+    """
+    This process's own ports, below the kernel's ephemeral range.
+
+    A port the kernel hands out (C{bind(0)}) is also the kind it hands to
+    outgoing connections, so between choosing it and the node binding it a
+    client socket of another test (two pytest-xdist workers run side by
+    side) could take it: the node then exits with "Address already in use".
+    Below the ephemeral range nothing takes a port unasked, and each worker
+    (C{PYTEST_XDIST_WORKER=gwN}) has a slice of its own.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) + 1 if worker[:2] == "gw" and worker[2:].isdigit() else 0
+    start = 20000 + index * _SLICE
+    return range(start, start + _SLICE)
+
+
 def freePort() -> int:
     """
-    A TCP port on 127.0.0.1 that nothing listens on right now.
+    A TCP port on 127.0.0.1 that nothing listens on right now, and that no
+    other test process will be given (see L{_portSlice}).
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    ports = _portSlice()
+    if ports.stop > _ephemeralLow():
+        # An odd kernel range: fall back to asking the kernel.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    key = f"{ports.start}"
+    for _ in range(len(ports)):
+        # Start where this process's id points, so that two processes of one
+        # slice (a benchmark beside the serial tests) rarely meet.
+        port = _nextPort.get(key, ports.start + os.getpid() % len(ports))
+        _nextPort[key] = port + 1 if port + 1 < ports.stop else ports.start
+        with socket.socket() as s:
+            # As Twisted binds a listening port: a connection of an earlier
+            # node lingering in TIME_WAIT does not make the port busy.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise OSError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def freePorts(count: int) -> List[int]:
+    if count > _SLICE:
+        raise ValueError(f"at most {_SLICE} ports at once")
     ports: List[int] = []
     while len(ports) < count:
         port = freePort()
@@ -185,11 +236,21 @@ class Node:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n"
-                                   + self.tail())
+                                   + self.tail() + self.stderrTail())
             if ping(self.port, timeout=0.5, host=self.host, tls=self.tls):
                 return
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} did not answer P within {timeout}s:\n" + self.tail())
+
+    def stderrTail(self, lines: int = 10) -> str:
+        """
+        What twistd wrote to stderr: where it says why it could not start.
+        """
+        try:
+            with open(os.path.join(self.logDir, f"{self.name}.stderr"), errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
 
     def tail(self, lines: int = 40) -> str:
         try:
