@@ -62,9 +62,10 @@ def freePort() -> int:
             return int(s.getsockname()[1])
     key = f"{ports.start}"
     for _ in range(len(ports)):
-        # Start where this process's id points, so that two processes of one
+        # Start where this process's id points (spread: processes started
+        # one after another have close ids), so that two processes of one
         # slice (a benchmark beside the serial tests) rarely meet.
-        port = _nextPort.get(key, ports.start + os.getpid() % len(ports))
+        port = _nextPort.get(key, ports.start + os.getpid() * 7919 % len(ports))
         _nextPort[key] = port + 1 if port + 1 < ports.stop else ports.start
         with socket.socket() as s:
             # As Twisted binds a listening port: a connection of an earlier
