@@ -153,6 +153,10 @@ class Stream:
         self.position = 0
         self._reached = 0
         self.pending: List[bytes] = []
+        # Read at every change (bound once: never replaced).
+        self._inbound = links.inbound
+        self._table = locks.table
+        self._answers = locks.answers
         self._flushLater: Optional[IDelayedCall] = None
         # Whether a follower's link still holds unsent bytes (a seam for tests).
         self.leftUnsent: Callable[[PeerChannel], bool] = lambda channel: channel.leftUnsent()
@@ -163,10 +167,13 @@ class Stream:
         return [c for c in self.links.inbound.values() if c.replicating]
 
     def _queue(self, line: bytes) -> None:
-        if not any(c.replicating for c in self.links.inbound.values()):
-            return
+        for channel in self._inbound.values():
+            if channel.replicating:
+                break
+        else:
+            return  # nobody to send it to
         self.pending.append(line)
-        if self._flushLater is None and self.locks.turn is None:
+        if self._flushLater is None and self._answers.current is None:
             # Outside the lock service's turns (which flush us when they
             # close, answers or not), changes still leave within this
             # reactor iteration.
@@ -174,13 +181,27 @@ class Stream:
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
                 waited: float) -> None:
-        now = self.clock.seconds()
-        share = self.locks.table.shareOf(key, token)
-        if share != EXCLUSIVE:
-            self._queue(SHARED_GRANT_LINE % (key, token, micros(expiresAt - now),
-                                             micros(now - grantedAt), formatShare(share)))
+        """
+        A grant made now (the lock service tells at once: C{grantedAt} is
+        now, its age 0).  Every grant: L{_queue}'s work is inline, and a
+        table with no shared key needs no look-up of the grant's share.
+        """
+        for channel in self._inbound.values():
+            if channel.replicating:
+                break
+        else:
             return
-        self._queue(GRANT_LINE % (key, token, micros(expiresAt - now), micros(now - grantedAt)))
+        if self._table.sharedGrants:
+            share = self._table.shareOf(key, token)
+            if share != EXCLUSIVE:
+                self.pending.append(SHARED_GRANT_LINE % (
+                    key, token, int((expiresAt - grantedAt) * 1e6), 0, formatShare(share)))
+                if self._flushLater is None and self._answers.current is None:
+                    self._flushLater = self.clock.callLater(0, self.flush)
+                return
+        self.pending.append(GRANT_LINE % (key, token, int((expiresAt - grantedAt) * 1e6), 0))
+        if self._flushLater is None and self._answers.current is None:
+            self._flushLater = self.clock.callLater(0, self.flush)
 
     def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
         now = self.clock.seconds()
@@ -189,7 +210,12 @@ class Stream:
                                        micros(now - grantedAt), share))
 
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
-        self._queue(DROP_LINE % (key, token))
+        for channel in self._inbound.values():  # _queue, inline: every release
+            if channel.replicating:
+                self.pending.append(DROP_LINE % (key, token))
+                if self._flushLater is None and self._answers.current is None:
+                    self._flushLater = self.clock.callLater(0, self.flush)
+                break
         if not expired:
             self.releases.released(key, token, self.clock.seconds())
 
