@@ -108,6 +108,11 @@ def dispatchWithoutLogContext(reactor: Any) -> bool:
         return False
     selectables = reactor._selectables
     handle = reactor._doReadOrWrite
+    # What callAfterReady() asks for while the ready descriptors are
+    # handled: run once they all have been.
+    afterReady = _AfterReady()
+    reactor._lockserviceAfterReady = afterReady  # type: ignore[attr-defined]
+    calls = afterReady.calls
 
     def doPoll(timeout: Optional[float]) -> None:
         try:
@@ -117,11 +122,25 @@ def dispatchWithoutLogContext(reactor: Any) -> bool:
                 return
             raise
         get = selectables.get
-        for fd, event in ready:
-            selectable = get(fd)
-            if selectable is not None:
+        afterReady.dispatching = True
+        try:
+            for fd, event in ready:
+                selectable = get(fd)
+                if selectable is not None:
+                    try:
+                        handle(selectable, fd, event)
+                    except KeyboardInterrupt:
+                        raise
+                    except BaseException:
+                        log.err()
+        finally:
+            afterReady.dispatching = False
+        if calls:
+            due = calls.copy()
+            calls.clear()
+            for call in due:
                 try:
-                    handle(selectable, fd, event)
+                    call()
                 except KeyboardInterrupt:
                     raise
                 except BaseException:
@@ -130,6 +149,34 @@ def dispatchWithoutLogContext(reactor: Any) -> bool:
     # An instance attribute shadows the class's method (why mypy is told).
     reactor.doIteration = reactor.doPoll = doPoll  # type: ignore[method-assign]
     return True
+
+
+class _AfterReady:
+    """
+    The calls L{callAfterReady} gathered while L{dispatchWithoutLogContext}'s
+    poll handles the ready descriptors (C{dispatching}).
+    """
+
+    def __init__(self) -> None:
+        self.calls: List[Callable[[], None]] = []
+        self.dispatching = False
+
+
+def callAfterReady(reactor: Any, call: Callable[[], None]) -> None:
+    """
+    Call C{call} once the reactor has handled every descriptor ready in
+    this iteration.  Asked while L{dispatchWithoutLogContext}'s poll
+    handles them, it runs at the end of that poll; otherwise (a timer's
+    call, another reactor, a test clock) by C{callLater(0)}, which runs
+    at the same point of the loop but costs a timed call (an object, and
+    a heap push and pop among the other timers).  Never left for a poll
+    that may not come: a call asked outside the dispatch is a timed call.
+    """
+    afterReady = getattr(reactor, "_lockserviceAfterReady", None)
+    if afterReady is not None and afterReady.dispatching:
+        afterReady.calls.append(call)
+    else:
+        reactor.callLater(0, call)
 
 
 def pendingTimedCalls(reactor: Any) -> Optional[List[Any]]:

@@ -6,7 +6,7 @@ sockets, no sleeping).
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 import pytest
 from twisted.internet.error import ConnectionLost
@@ -338,6 +338,37 @@ def test_with_ack_answers_wait_until_the_standby_acknowledged_them() -> None:
     lab.clock.advance(0.01)
     answers = lab.protocol.transport.value().split(b"\n")  # type: ignore[union-attr]
     assert answers[0].startswith(b"A k ") and answers[1] == b"P later"
+
+
+def test_with_ack_acknowledgements_do_not_make_a_timer_each() -> None:
+    """
+    Held answers are looked at again every HOLD_RETRY until released; an
+    acknowledgement releases them at once.  That must not cancel the retry
+    and make a new one each time (a timed call per stream position on a
+    busy active): one retry stays armed however many positions are
+    acknowledged meanwhile.
+    """
+    lab = Lab(replication="ack")
+    follower = activeWithFollower(lab)
+    lab.client()
+    made: List[str] = []
+    callLater = lab.clock.callLater
+
+    def counting(delay: float, f: Any, *a: Any, **kw: Any) -> Any:
+        made.append(getattr(f, "__name__", "?"))
+        return callLater(delay, f, *a, **kw)
+
+    lab.clock.callLater = counting  # type: ignore[method-assign]
+    for n in range(100):
+        lab.protocol.dataReceived(b"P %d\n" % n)  # a turn held behind the last change
+        lab.protocol.dataReceived(b"A k%d 30 0\n" % n)
+        lab.clock.advance(0)
+        position = int(lines(follower)[-1].split()[1])
+        lab.hear(follower, b"ACK %d" % position)
+        assert lab.protocol.transport.value().endswith(b"\n")  # type: ignore[union-attr]
+        lab.protocol.transport.clear()  # type: ignore[union-attr]
+    retries = [name for name in made if name in ("_retried", "_release")]
+    assert len(retries) <= 1, retries
 
 
 def test_with_ack_a_standby_that_does_not_acknowledge_is_cut_off() -> None:

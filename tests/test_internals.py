@@ -439,3 +439,77 @@ def test_dispatchWithoutLogContextHandsEveryReadyDescriptorOnEvenAfterAFailure(
             a.close()
             b.close()
         fresh._poller.close()
+
+
+def test_callAfterReadyRunsOnceEveryReadyDescriptorIsHandled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """
+    Asked while the first of two ready descriptors is handled, the call
+    runs after the second, in the same poll, and costs no timed call; a
+    failing call is logged and the next still runs.
+    """
+    from twisted.internet.epollreactor import EPollReactor
+    from twisted.python import log
+
+    fresh = EPollReactor()
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        first, second = _Ready(pairs[0][0]), _Ready(pairs[1][0])
+        order: List[Any] = []
+
+        def fail() -> None:
+            order.append("fail")
+            raise ValueError("after-ready call failed")
+
+        def handle(selectable: Any, fd: int, event: int) -> None:
+            order.append(selectable)
+            if len(order) == 1:
+                internals.callAfterReady(fresh, fail)
+                internals.callAfterReady(fresh, lambda: order.append("after"))
+
+        errors: List[Any] = []
+        monkeypatch.setattr(log, "err", lambda *a, **k: errors.append(a))
+        fresh._doReadOrWrite = handle  # type: ignore[method-assign]
+        assert internals.dispatchWithoutLogContext(fresh) is True
+        fresh.addReader(first)  # type: ignore[arg-type]
+        fresh.addReader(second)  # type: ignore[arg-type]
+        for _, other in pairs:
+            other.send(b"x")
+        fresh.doIteration(1.0)
+        assert order[2:] == ["fail", "after"]
+        assert sorted(map(id, order[:2])) == sorted([id(first), id(second)])
+        assert len(errors) == 1
+        assert fresh.getDelayedCalls() == []
+        fresh.removeAll()
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+        fresh._poller.close()
+
+
+def test_callAfterReadyOutsideADispatchIsATimedCall() -> None:
+    """
+    Asked outside a poll's dispatch (a timer's call, an after-ready call
+    itself, another reactor), the call must not wait for a poll that may
+    never return: it is a callLater(0).
+    """
+    from twisted.internet.epollreactor import EPollReactor
+    from twisted.internet.task import Clock
+
+    clock = Clock()
+    ran: List[str] = []
+    internals.callAfterReady(clock, lambda: ran.append("clock"))
+    assert ran == []
+    clock.advance(0)
+    assert ran == ["clock"]
+
+    fresh = EPollReactor()
+    try:
+        assert internals.dispatchWithoutLogContext(fresh) is True
+        internals.callAfterReady(fresh, lambda: ran.append("outside"))
+        assert len(fresh.getDelayedCalls()) == 1
+        fresh.runUntilCurrent()
+        assert ran == ["clock", "outside"]
+    finally:
+        fresh._poller.close()

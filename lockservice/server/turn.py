@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, Protocol, Tuple
 
+from lockservice.internals import callAfterReady
 from lockservice.server.waiters import AnswerSink
 
 # While answers are held (a standby has not taken the changes yet), how
@@ -100,7 +101,8 @@ class AnswerTurn:
         self._failed = failed
         self.current: Optional[List[AnswerSink]] = None
         self.onOpen: List[Callable[[], None]] = []
-        self._endOfTurn: Any = None
+        # A close is due once the ready descriptors are handled.
+        self._endOfTurn = False
         # Connections whose answers wait for a stream position, in order,
         # and the call that looks again.
         self._held: Deque[Tuple[int, AnswerSink]] = deque()
@@ -124,15 +126,15 @@ class AnswerTurn:
     def closeSoon(self) -> None:
         """
         Close the turn once the reactor has handled every connection that
-        was ready in this iteration (a C{callLater(0)} runs right after
-        them, before the reactor waits again).
+        was ready in this iteration (L{callAfterReady}: before the reactor
+        waits again).
 
         Only when answers wait for the gate (replication to standbys): then
         one write per standby carries the changes of all those connections,
         instead of one per connection.  A single node answers at once.
         """
         if not self.gate.hooks:
-            if self._endOfTurn is None:
+            if not self._endOfTurn:
                 # close() and _send(), inline: a single node ends every
                 # turn of requests here.
                 turn, self.current = self.current, None
@@ -149,18 +151,20 @@ class AnswerTurn:
                         self._failed("sending answers")
                 return
             self.close()
-        elif self._endOfTurn is None:
-            self._endOfTurn = self.clock.callLater(0, self.close)
+        elif not self._endOfTurn:
+            self._endOfTurn = True
+            callAfterReady(self.clock, self._endTurn)
+
+    def _endTurn(self) -> None:
+        if self._endOfTurn:  # (not closed already)
+            self.close()
 
     def close(self) -> None:
         """
         Send every connection the answers gathered since L{open} (or hold
         them until the gate allows).
         """
-        if self._endOfTurn is not None:
-            if self._endOfTurn.active():
-                self._endOfTurn.cancel()
-            self._endOfTurn = None
+        self._endOfTurn = False
         turn, self.current = self.current, None
         gate = self.gate
         if gate.hooks:
@@ -199,20 +203,24 @@ class AnswerTurn:
     def reachedMoved(self) -> None:
         """
         The gate's reached position moved on (a standby acknowledged):
-        send what may go now rather than at the next retry.
+        send what may go now rather than at the next retry.  The retry
+        stays armed (it finds what is still held, or nothing): a timer
+        cancelled and made again at every acknowledgement would cost more
+        than the look it saves.
         """
         if self._held and self._held[0][0] <= self.gate.reached():
-            if self._retry is not None and self._retry.active():
-                self._retry.cancel()
-            self._retry = None
             self._release()
 
     def _retrySoon(self) -> None:
         if self._retry is None:
-            self._retry = self.clock.callLater(HOLD_RETRY, self._release)
+            self._retry = self.clock.callLater(HOLD_RETRY, self._retried)
+
+    def _retried(self) -> None:
+        self._retry = None
+        if self._held:
+            self._release()
 
     def _release(self) -> None:
-        self._retry = None
         held = self._held
         gate = self.gate
         if gate.hooks:
