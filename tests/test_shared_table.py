@@ -454,3 +454,42 @@ def test_random_sequences_follow_the_rules_of_shared_keys(
         model.check()
     assert set(model.fate.values()) <= {"ended", "dropped", "refused"}
     assert len(model.table) == 0 and model.table.waiterCount == 0
+
+
+def _mirrorState(table: LockTable) -> object:
+    return (sorted(table.everyGrant()), table.tokens.last, len(table), table.sharedGrants,
+            table.grantCount())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(
+    st.sampled_from([b"a", b"b", b"c", b"d"]),   # key
+    st.integers(1, 12),                           # token
+    st.booleans(),                                # a drop
+    st.sampled_from([EXCLUSIVE, EXCLUSIVE, READ, 2, 3]),   # share
+    st.integers(0, 5),                            # time
+), max_size=60))
+def test_mirrorAll_is_install_and_drop_one_by_one(lines: List[Tuple[bytes, int, bool, int, int]]
+                                                  ) -> None:
+    """
+    A standby's batch (LockTable.mirrorAll) leaves the table exactly as the
+    same changes installed and dropped one at a time, whatever they are:
+    new keys, re-grants, renewals, shared grants, drops of tokens not held.
+    """
+    changes = [(key, token, float(t), None if dropped else float(t + 30), share)
+               for key, token, dropped, share, t in lines]
+    one, batch = makeTable(), makeTable()
+    for key, token, grantedAt, expiresAt, share in changes:
+        if expiresAt is None:
+            one.drop(key, token)
+        else:
+            one.install(key, token, grantedAt, expiresAt, share)
+    batch.mirrorAll(changes)
+    assert _mirrorState(batch) == _mirrorState(one)
+    # And a later batch lands on the slots freed by the first as well.
+    again = [(key, token + 20, 9.0, 40.0, EXCLUSIVE) for key, token, *_ in changes[:5]]
+    one2 = one
+    for key, token, grantedAt, expiresAt, share in again:
+        one2.install(key, token, grantedAt, expiresAt, share)
+    batch.mirrorAll(again)
+    assert _mirrorState(batch) == _mirrorState(one2)

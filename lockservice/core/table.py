@@ -12,7 +12,7 @@ from __future__ import annotations
 from array import array
 from heapq import heapify, heappop, heappush
 from itertools import islice
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 MAX_TOKEN = 2**64 - 1
 
@@ -1223,6 +1223,52 @@ class LockTable:
         extra.renewals = 0
         extra.shared = shared
         self._syncShared(slot, shared)
+
+    def mirrorAll(self, changes: Iterable[Tuple[bytes, int, float, Optional[float], int]]
+                  ) -> None:
+        """
+        Apply a batch of replicated changes in order, exactly as L{install}
+        (a grant) and L{drop} (expiresAt None) one by one would: a
+        standby's every read of its active's stream.  The two forms of
+        almost every line are done inline (a key not held granted
+        exclusively; the drop of a key's only grant, nobody queued), the
+        rest by those methods, and the tokens are observed once.
+        """
+        keys, tokens, clients, free = self._keys, self._tokens, self._clients, self._free
+        granted, expires = self._granted, self._expires
+        highest = 0
+        for key, token, grantedAt, expiresAt, share in changes:
+            slot = keys.get(key)
+            if expiresAt is None:
+                if slot is None:
+                    continue
+                if type(clients[slot]) is _Extra:  # shared, or queued: the full form
+                    self.drop(key, token)
+                elif tokens[slot] == token:  # _freeSlot, inline
+                    del keys[key]
+                    clients[slot] = None
+                    free.append(slot)
+                continue
+            if slot is not None or share != EXCLUSIVE:
+                self.install(key, token, grantedAt, expiresAt, share)
+                continue
+            if token > highest:
+                highest = token
+            if free:  # _newSlot, inline
+                slot = free.pop()
+                tokens[slot] = token
+                granted[slot] = grantedAt
+                expires[slot] = expiresAt
+                clients[slot] = None
+            else:
+                slot = len(clients)
+                tokens.append(token)
+                granted.append(grantedAt)
+                expires.append(expiresAt)
+                clients.append(None)
+            keys[key] = slot
+        if highest:
+            self.tokens.observe(highest)
 
     def drop(self, key: bytes, token: int) -> None:
         """

@@ -114,11 +114,7 @@ class Mirroring:
                 merged += 1
             self.stats.merged += merged
         else:
-            for key, token, grantedAt, expiresAt, share in changes:
-                if expiresAt is None:
-                    drop(key, token)
-                else:
-                    install(key, token, grantedAt, expiresAt, share)
+            table.mirrorAll(changes)
         if self.notify.mirrors:
             self.notify.mirrored(self.clock.seconds(), changes)
 
