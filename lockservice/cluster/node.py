@@ -417,6 +417,8 @@ class Cluster(Service):
         gate = self.servingGate
         if role == ACTIVE and self.role != ACTIVE:
             gate.becameActive(self.clock.seconds())
+        if role not in (ACTIVE, HANDING_OFF) and self.role in (ACTIVE, HANDING_OFF):
+            self.stream.leadNoMore()
         self.role = role
         # Frozen until every live peer receives our stream (see gate).
         gate.serving = role == ACTIVE and not self.unsubscribed()

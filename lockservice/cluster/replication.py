@@ -323,6 +323,26 @@ class Stream:
             ready = False
         return ready
 
+    def leadNoMore(self) -> None:
+        """
+        This node stopped leading (it handed off, or stepped down): its
+        followers now follow another, and ask again (C{SYNC}: a fresh
+        snapshot) when they follow this node again.  Until then nobody is
+        streamed to nor waited for.  A follower left marked synchronised
+        would hold every answer of this node's next term until it
+        acknowledged a stream it no longer reads (after a handoff back,
+        until its next heartbeat: about 100 ms).
+        """
+        self.flush()  # what this node's term changed goes out first
+        for channel in self._inbound.values():
+            producer = channel.snapshot
+            if producer is not None:
+                producer.stopProducing()
+                channel.snapshot = None
+                channel.transport.unregisterProducer()  # type: ignore[attr-defined]
+            channel.replicating = False
+            channel.synced = False
+
     # -- snapshots -----------------------------------------------------------
 
     def startSnapshot(self, channel: PeerChannel) -> None:
