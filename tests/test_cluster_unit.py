@@ -934,6 +934,31 @@ def test_one_successor_per_handoff() -> None:
     assert lab.cluster.role != ACTIVE and lab.cluster.handoffs.current is None
 
 
+def test_a_stopping_active_offers_the_handoff_to_a_standby_heard_lately_first() -> None:
+    """
+    Found from outside: the highest-priority standby frozen a moment
+    before SIGINT was offered the handoff anyway, and waited for until it
+    was surely gone (0.5-1 s without an active).  A standby silent for a
+    quarter of --peer-timeout comes after one heard lately.
+    """
+    from twisted.internet.defer import ensureDeferred
+
+    lab = Lab()
+    first = activeWithFollower(lab)
+    second = lab.link(2, outbound=False)
+    lab.hear(second, b"SYNC")
+    while second.snapshot is not None:
+        second.snapshot.resumeProducing()
+    lines(second)
+    lab.hear(first, b"HB %d standby 0 1" % NOW_US)
+    lab.hear(second, b"HB %d standby 0 1" % NOW_US)
+    lab.clock.advance(0.3)  # node 1 silent since (frozen?), node 2 not
+    lab.hear(second, b"HB %d standby 0 1" % NOW_US)
+    ensureDeferred(lab.cluster.handoffs.beforeStopping())
+    assert any(line.startswith(b"HANDOFF ") for line in lines(second))
+    assert not any(line.startswith(b"HANDOFF ") for line in lines(first))
+
+
 def test_the_successor_takes_over_only_from_its_leader() -> None:
     lab = Lab(me=1)
     leader = following(lab)
@@ -945,6 +970,52 @@ def test_the_successor_takes_over_only_from_its_leader() -> None:
     assert b"TAKEN %d" % (NOW_US + 5) in lines(leader)
     assert lab.cluster.role == ACTIVE and lab.cluster.term == NOW_US + 5
     assert dict(lab.locks.heldKeys())[b"k"].token == 9
+
+
+def test_a_successor_that_just_ran_again_refuses_a_handoff_it_read_late() -> None:
+    """
+    Found from outside: a standby frozen (SIGSTOP) while its active
+    offered it the handoff; the active gave up on it after a second and
+    handed off to another node, which then answered releases.  Resumed,
+    the frozen standby read the old offer first and took over from its
+    stale copy: a second active, whose heal brought the released grants
+    back.  An offer read right after such a pause is refused; a later one,
+    once the peers are read again, is taken.
+    """
+    lab = Lab(me=1)
+    leader = following(lab)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"G k 9 30000000 0", b"SNAPEND")
+    lab.cluster.tick()
+    lab.clock.advance(2.0)  # frozen: no tick ran
+    lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
+    assert b"REFUSED %d" % (NOW_US + 5) in lines(leader)
+    assert lab.cluster.role == STANDBY
+    lab.cluster.tick()  # the late tick: it reads first, then judges
+    lab.hear(leader, b"HANDOFF %d" % (NOW_US + 6))
+    assert b"REFUSED %d" % (NOW_US + 6) in lines(leader)
+    lab.clock.advance(0)  # the catching-up tick
+    lab.hear(leader, b"HB %d active - 9" % NOW_US)
+    lab.hear(leader, b"HANDOFF %d" % (NOW_US + 7))
+    assert b"TAKEN %d" % (NOW_US + 7) in lines(leader)
+    assert lab.cluster.role == ACTIVE
+
+
+def test_a_node_that_took_over_by_handoff_notes_its_releases_of_what_it_took_over() -> None:
+    """
+    A peer that missed the handoff may still hold a copy of the grants it
+    handed over: a heal with it must not bring back what the new active
+    released (as after a promotion, see released.py).
+    """
+    lab = Lab(me=1)
+    leader = following(lab)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"G k 9 30000000 0", b"SNAPEND")
+    lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
+    assert lab.cluster.role == ACTIVE
+    lab.cluster.servingGate.serving = True
+    lab.locks.setRole(ACTIVE, None)
+    lab.client()
+    assert lab.ask(b"R k 9") == b"R k OK\n"
+    assert lab.cluster.releases.releasedHere(b"k", 9)
 
 
 def test_a_syncing_node_with_a_mismatched_peer_does_not_promote() -> None:

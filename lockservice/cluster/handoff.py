@@ -23,6 +23,7 @@ actives of one term.
 
 from __future__ import annotations
 
+from math import inf
 from typing import Any, Dict, Optional
 
 from twisted.internet.defer import Deferred, succeed
@@ -78,11 +79,17 @@ class Handoffs:
         if self.owner.role != ACTIVE:
             return
         inbound = self.links.inbound
+        # Those heard from lately first, by priority: a standby silent for
+        # a quarter of --peer-timeout (heartbeats come every tenth) may be
+        # frozen, and the first successor tried is waited for until it is
+        # surely gone (up to --peer-timeout).
+        now, quiet = self.clock.seconds(), self.links.peerTimeout / 4
+        lastHeard = self.links.lastHeard
         candidates = sorted(
-            j for j, v in self.views.items()
-            if v.alive and v.role == STANDBY and v.leader == self.me
-            and not v.clockSuspect and j in inbound and inbound[j].synced
-        )
+            (j for j, v in self.views.items()
+             if v.alive and v.role == STANDBY and v.leader == self.me
+             and not v.clockSuspect and j in inbound and inbound[j].synced),
+            key=lambda j: (now - lastHeard.get(j, -inf) > quiet, j))
         if not candidates:
             self.log.warn("stopping with no live standby: held locks end with this node")
         for j in candidates:
@@ -131,11 +138,14 @@ class Handoffs:
 
     def takeOver(self, j: int, channel: PeerChannel, term: int) -> None:
         """
-        Our leader hands us the active role.
+        Our leader hands us the active role.  Refused when this process has
+        just run again after a freeze: the offer may be one its sender gave
+        up on long ago (it found us silent and handed off to another), and
+        taking it would make a second active from a stale copy.
         """
         owner = self.owner
         if (not owner.fromLeader(j, channel) or owner.role != STANDBY or owner.stopping
-                or not owner.plausible(j, term, "term")):
+                or owner.justResumed() or not owner.plausible(j, term, "term")):
             channel.send(peerwire.refused(term))
             return
         owner.tookOver(j, term)

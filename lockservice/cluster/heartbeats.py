@@ -82,6 +82,18 @@ class Heartbeats:
         self.broadcast()
         self.owner.ticked()
 
+    def justResumed(self) -> bool:
+        """
+        Whether this process did not run for L{Gate.frozenAfter} and has
+        not judged its peers since: its last tick is that late (a frozen
+        process reads its sockets as soon as it runs again, before the
+        late tick), or that tick is catching up (see L{tick}).
+        """
+        if self._catchingUp:
+            return True
+        return (self._lastTick is not None
+                and self.gate.late(self.clock.seconds() - self._lastTick))
+
     def notJustResumed(self) -> None:
         """
         Before an active serves a turn of requests or timers: when this

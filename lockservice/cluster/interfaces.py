@@ -85,6 +85,13 @@ class IHandoffOwner(IPeers, IRole):
         Our leader C{j} handed us the active role at C{term}.
         """
 
+    def justResumed() -> bool:
+        """
+        Whether this process has just run again after not running for a
+        while (stopped, frozen) and has not read its peers since: what it
+        reads now may be old news.
+        """
+
     def broadcastHeartbeat() -> None:
         """
         Tell every peer our role now.

@@ -254,6 +254,9 @@ class Cluster(Service):
         if self.role == ACTIVE:
             self.healing.forgetNotes(self.me, self.views, self.links.inbound)
 
+    def justResumed(self) -> bool:
+        return self.heartbeats.justResumed()
+
     def resumedLate(self, idle: float) -> None:
         if self.servingGate.stopUntilRead(idle):
             self.log.info("did not run for {ms:.0f} ms: not serving until the peers are read",
@@ -463,6 +466,10 @@ class Cluster(Service):
         self.learnTerm(term)
         self.leader = None
         self.promotions += 1
+        # As after a promotion: a peer may still hold a copy of the grants
+        # we took over (one that missed the handoff); note our releases of
+        # them, so that a heal with it undoes none (see released.py).
+        self.releases.startNoting(self.locks.lastToken(), self.clock.seconds())
         self.setRole(ACTIVE)
         self.log.warn("took over from {peer} by handoff (term {term}) with {keys} held keys",
                       peer=self.name(j), term=term, keys=self.locks.heldCount())
