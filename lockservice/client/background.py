@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import os
+import signal
 import threading
 from typing import Any, Callable, Optional, Set, TypeVar
 
@@ -66,6 +67,25 @@ def _newReactor() -> Any:
         return PollReactor()
 
 
+# Signals a thread raises itself (a fault): never blocked.
+_SYNCHRONOUS = frozenset(getattr(signal, name) for name in
+                         ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGSYS")
+                         if hasattr(signal, name))
+
+
+def _blockSignals() -> None:
+    """
+    Leave every signal to the application's threads (the main thread runs
+    Python's handlers).  A signal delivered to the reactor thread while
+    the main thread waits for it (a blocking call) is one no thread can
+    handle: the main thread is not woken, and CPython 3.11 then spins the
+    reactor thread on the pending signal for ever (seen with a child
+    process's SIGCHLD after it was stopped and continued).
+    """
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - _SYNCHRONOUS)
+
+
 class ReactorThread:
     """
     A private reactor running in a daemon thread of this process.
@@ -90,6 +110,7 @@ class ReactorThread:
             raise RuntimeError("the lockservice reactor thread did not start")
 
     def _run(self) -> None:
+        _blockSignals()
         self.reactor.callWhenRunning(self._running.set)
         self.reactor.run(installSignalHandlers=False)
 
