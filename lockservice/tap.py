@@ -532,7 +532,7 @@ def makeService(config: Options) -> IService:
     if os.environ.get("LOCKSERVICE_BENCH_DETACH_MONITOR") != "1":
         # (Detached only by `python -m lockservice.bench suite`, to measure
         # what the operator's view costs: never in production.)
-        locks.activity.append(monitor)
+        locks.notify.attach(monitor)
         locks.notify.mirrors.append(monitor)  # grants merged on a heal
     cluster = None
     if len(config["peerList"]) > 1:

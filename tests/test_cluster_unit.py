@@ -1182,7 +1182,7 @@ def test_a_grant_merged_on_a_heal_is_seen_by_the_metrics_and_the_operators_view(
 
     lab = Lab()
     monitor = Monitor(lab.clock, lab.locks.table.clientOf, wallTime=lambda: 0.0, warnHold=60)
-    lab.locks.activity.append(monitor)
+    lab.locks.notify.attach(monitor)
     lab.locks.notify.mirrors.append(monitor)
     metrics = Metrics(lab.locks, lab.cluster, monitor)
     follower, (mine,), loser = winnerHolding(lab, b"mine")

@@ -87,7 +87,7 @@ def withMonitor(node: ProtocolNode, **kw: Any) -> Tuple[StubTreq, Monitor]:
     clock = node.clock
     monitor = Monitor(clock, node.service.table.clientOf,
                       wallTime=lambda: 1_700_000_000.0 + clock.seconds())
-    node.service.activity.append(monitor)
+    node.service.notify.attach(monitor)
     return stubFor(node, makeRoot(node.service, None, monitor, **kw)), monitor
 
 

@@ -42,7 +42,7 @@ def test_sketch_memory_is_bounded() -> None:
     values = [10 ** (i / 1000) * 1e-4 for i in range(12000)]
     for v in values:
         sketch.add(v)
-    assert len(sketch._buckets) <= Sketch.MAX_BUCKETS
+    assert len(sketch.buckets) <= Sketch.MAX_BUCKETS
     assert sketch.quantile(0.99) == pytest.approx(exactQuantile(values, 0.99), rel=0.075)
 
 

@@ -301,7 +301,7 @@ def _serviceWithMonitor() -> Any:
     clock.advance(1000)
     locks = LockService(clock, lambda: 1_000_000)
     m = Monitor(clock, locks.table.clientOf)
-    locks.activity.append(m)
+    locks.notify.attach(m)
 
     def acquire(conn: ServiceConn, key: bytes) -> Optional[int]:
         answer = locks.acquire(PendingAcquire(key, 30.0, conn), 0.0)
@@ -569,3 +569,149 @@ def test_a_grant_watched_late_waits_behind_those_before_it_and_is_never_flagged_
     assert not holds.isLongHold(b"alone", 3)
     clock.advance(0.5)
     assert holds.isLongHold(b"alone", 3)
+
+
+class _Called:
+    """
+    A monitor attached as any other activity observer: told of every
+    grant and release by a call (it has no lane).
+    """
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "lane":
+            raise AttributeError(name)
+        return getattr(self.monitor, name)
+
+
+@pytest.mark.parametrize("warnHold", [None, 0.5])
+def test_a_change_noted_through_the_lane_is_the_change_the_monitor_notes(
+        warnHold: Optional[float]) -> None:
+    """
+    The fan-out notes grants and releases in the monitor's log itself (its
+    lane, issue 20: two calls fewer per pair): the log, the events, the
+    statistics, the series, the wait-for graph and the long holds are
+    those of a monitor told by calls, whatever the mix of changes
+    (waits that end in grants, keys in a deadlock, full logs folded,
+    force-releases, long holds).
+    """
+    import random
+
+    from lockservice.server.observers import Observers
+
+    rng = random.Random(7)
+    clocks = [Clock(), Clock()]
+    holders: List[Dict[bytes, Any]] = [{}, {}]
+    laned = Monitor(clocks[0], holders[0].get, wallTime=lambda: 0.0, warnHold=warnHold)
+    called = Monitor(clocks[1], holders[1].get, wallTime=lambda: 0.0, warnHold=warnHold)
+    fanOuts = [Observers(lambda where: None), Observers(lambda where: None)]
+    fanOuts[0].attach(laned)
+    fanOuts[1].attach(_Called(called))  # type: ignore[arg-type]
+    assert fanOuts[0]._lane is laned.lane and fanOuts[1]._lane is None
+
+    class Releaser:
+        def __init__(self, side: int) -> None:
+            self.side = side
+
+        def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
+            holders[self.side].pop(key, None)
+            fanOuts[self.side].dropped(clocks[self.side].seconds(), key, token, 0.25, False,
+                                       "x")
+            reply(b"R %s OK\n" % key)
+
+    names = [conn("x"), conn("y"), conn("z")]
+    keys = [b"a", b"b", b"c", b"d"]
+    held: Dict[bytes, int] = {}
+    for i in range(3000):
+        key, who = rng.choice(keys), rng.choice(names)
+        step = rng.random()
+        for side in (0, 1):
+            clocks[side].advance(rng.choice([0.0, 1e-5, 0.01, 0.07]) if side == 0 else 0.0)
+        clocks[1].advance(clocks[0].seconds() - clocks[1].seconds())
+        now = clocks[0].seconds()
+        if key in held and step < 0.05:
+            for side, monitor in ((0, laned), (1, called)):
+                assert monitor.forceRelease(Releaser(side), key, held[key], "stuck", "op")
+            del held[key]
+        elif key in held:
+            other = rng.choice([n for n in names if n is not holders[0][key]])
+            waiter = NamedWaiter(key, other, queuedAt=now)
+            for side in (0, 1):
+                fanOuts[side].queued(now, waiter)
+            waited = rng.choice([0.0, 0.01, 0.06])  # the last enters the wait-for graph
+            for side in (0, 1):
+                clocks[side].advance(waited)
+            now = clocks[0].seconds()
+            for side in (0, 1):
+                holders[side].pop(key)
+                fanOuts[side].dropped(now, key, held[key], 0.5, step > 0.9, "x")
+                holders[side][key] = other
+                fanOuts[side].granted(now, key, i, now + 30, waited, waiter, other)
+            held[key] = i
+        else:
+            for side in (0, 1):
+                holders[side][key] = who
+                fanOuts[side].granted(now, key, i, now + 30, 0.0, None, who)
+            held[key] = i
+        assert laned._log == called._log
+        assert laned.graph.waitedFor == called.graph.waitedFor
+        assert len(laned._fresh) == len(called._fresh)
+    assert [e.asDict() for e in laned.events.since(0, limit=10**6)[0]] == [
+        e.asDict() for e in called.events.since(0, limit=10**6)[0]]
+    for key in keys:
+        got, want = laned.keys.get(key), called.keys.get(key)
+        assert got is not None and want is not None and got.asDict() == want.asDict()
+    assert laned.series.last(clocks[0].seconds(), 400) == called.series.last(
+        clocks[1].seconds(), 400)
+    assert laned.forceReleases == called.forceReleases > 0
+    assert laned.longHolds == called.longHolds
+    if warnHold is not None:
+        assert laned.longHolds > 0
+    # A deadlock (x holds e and waits for f, y the other way round), then
+    # the release that breaks it: a key in a reported cycle.
+    x, y = conn("x"), conn("y")
+    now = clocks[0].seconds()
+    for side in (0, 1):
+        for key, who in ((b"e", x), (b"f", y)):
+            holders[side][key] = who
+            fanOuts[side].granted(now, key, 9000, now + 30, 0.0, None, who)
+        fanOuts[side].queued(now, NamedWaiter(b"f", x, queuedAt=now))
+        fanOuts[side].queued(now, NamedWaiter(b"e", y, queuedAt=now))
+        clocks[side].advance(0.06)
+        clocks[side].advance(0)
+    assert len(laned.deadlocks()) == len(called.deadlocks()) == 1
+    for side in (0, 1):
+        holders[side].pop(b"e")
+        fanOuts[side].dropped(clocks[side].seconds(), b"e", 9000, 0.06, False, "x")
+        clocks[side].advance(0)
+    assert laned.deadlocks() == called.deadlocks() == []
+    assert laned._log == called._log
+
+
+def test_the_folds_hold_times_are_those_of_the_sketch() -> None:
+    """
+    The fold adds a hold time to its key's sketch inline (no call per
+    release): counts, totals, extremes and buckets equal Sketch.add's,
+    zeros, a negative time and more buckets than a sketch keeps included.
+    """
+    import random
+
+    rng = random.Random(3)
+    m = monitor()
+    wants = {b"mixed": Sketch(), b"timed": Sketch()}
+    for i in range(5000):
+        timed = 10 ** rng.uniform(-6, 4)
+        for key, held in ((b"mixed", rng.choice([0.0, -1.0, 5e-7, 1e-6, timed])),
+                          (b"timed", timed)):
+            m.granted(1000.0 + i, key, i, "bob", None, 0.0, conn("bob"))
+            m.dropped(1000.0 + i, key, i, "bob", held, expired=False)
+            wants[key].add(held)
+    for key, want in wants.items():
+        record = m.keys.get(key)
+        assert record is not None
+        got = record.hold
+        assert (got.count, got.total, got.low, got.high, got.zeros, got.buckets) == (
+            want.count, want.total, want.low, want.high, want.zeros, want.buckets)
+        assert len(got.buckets) == Sketch.MAX_BUCKETS

@@ -34,16 +34,16 @@ class Sketch:
     MAX_BUCKETS = 80
     FLOOR = 1e-6
 
-    __slots__ = ("count", "total", "low", "high", "_buckets", "zeros")  # zeros: samples below FLOOR
+    __slots__ = ("count", "total", "low", "high", "buckets", "zeros")  # zeros: samples below FLOOR
 
-    _LOG_GAMMA = math.log(GAMMA)
+    LOG_GAMMA = math.log(GAMMA)
 
     def __init__(self) -> None:
         self.count = 0
         self.total = 0.0
         self.low = math.inf
         self.high = 0.0
-        self._buckets: Dict[int, int] = {}
+        self.buckets: Dict[int, int] = {}
         self.zeros = 0
 
     def add(self, value: float) -> None:
@@ -65,15 +65,15 @@ class Sketch:
             self.zeros += 1
             return
         index = _ceil(_log(value) / _LOG_GAMMA)
-        buckets = self._buckets
+        buckets = self.buckets
         buckets[index] = buckets.get(index, 0) + 1
         if len(buckets) > _MAX_BUCKETS:
-            self._collapse()
+            self.collapse()
 
-    def _collapse(self) -> None:
+    def collapse(self) -> None:
         # Merge the two lowest buckets into the higher of them.
-        first, second = sorted(self._buckets)[:2]
-        self._buckets[second] += self._buckets.pop(first)
+        first, second = sorted(self.buckets)[:2]
+        self.buckets[second] += self.buckets.pop(first)
 
     @property
     def mean(self) -> Optional[float]:
@@ -91,8 +91,8 @@ class Sketch:
         seen = self.zeros
         if rank < seen:
             return 0.0
-        for index in sorted(self._buckets):
-            seen += self._buckets[index]
+        for index in sorted(self.buckets):
+            seen += self.buckets[index]
             if rank < seen:
                 # The bucket (GAMMA^(i-1), GAMMA^i]: report its middle,
                 # clamped to what was really seen.
@@ -117,7 +117,7 @@ class Sketch:
 
 
 _FLOOR = Sketch.FLOOR
-_LOG_GAMMA = Sketch._LOG_GAMMA
+_LOG_GAMMA = Sketch.LOG_GAMMA
 _MAX_BUCKETS = Sketch.MAX_BUCKETS
 _ceil, _log = math.ceil, math.log
 

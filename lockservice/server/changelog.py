@@ -5,8 +5,9 @@ something reads it: the event ring, the per-key statistics and the
 per-second series (L{lockservice.core}'s L{EventRing}, L{KeyStats},
 L{Series}).
 
-The L{Monitor<lockservice.server.monitor.Monitor>} appends one tuple per
-change to L{ChangeLog.log} (its hot path, inline); L{ChangeLog.fold}
+The L{Monitor<lockservice.server.monitor.Monitor>} (or, for grants and
+releases, the service's fan-out through the monitor's lane) appends one
+tuple per change to L{ChangeLog.log} (its hot path, inline); L{ChangeLog.fold}
 counts a batch of them at once, when a page or a check reads, or when the
 log reaches L{FOLD_AT} entries.  The ring keeps the log's entries as they
 are and makes events of them only when they are read (L{ChangeLog._decoder}).
@@ -14,6 +15,7 @@ are and makes events of them only when they are read (L{ChangeLog._decoder}).
 
 from __future__ import annotations
 
+import math
 from itertools import compress
 from operator import itemgetter
 from typing import Any, Callable, List, Tuple
@@ -23,7 +25,11 @@ from twisted.internet.interfaces import IReactorTime
 from lockservice.core import events as ev
 from lockservice.core.events import TIMEOUT, EventRing
 from lockservice.core.series import Series
-from lockservice.core.sketch import KeyStats
+from lockservice.core.sketch import KeyStats, Sketch
+
+# The hold time's sketch, added to inline by the fold (as Sketch.add).
+_FLOOR, _LOG_GAMMA, _MAX_BUCKETS = Sketch.FLOOR, Sketch.LOG_GAMMA, Sketch.MAX_BUCKETS
+_ceil, _log = math.ceil, math.log
 
 # Changes noted before they are folded into the events, statistics and
 # series even if nobody reads them (bounds the log's memory).
@@ -122,7 +128,26 @@ class ChangeLog:
                     record.expiries += 1
                 else:
                     record.releases += 1
-                record.hold.add(heldFor)
+                if heldFor >= _FLOOR:
+                    # Sketch.add, inline for the common case (no call per
+                    # release); a zero, negative or NaN time goes through it.
+                    hold = record.hold
+                    hold.count += 1
+                    hold.total += heldFor
+                    if heldFor < hold.low:
+                        hold.low = heldFor
+                    if heldFor > hold.high:
+                        hold.high = heldFor
+                    index = _ceil(_log(heldFor) / _LOG_GAMMA)
+                    buckets = hold.buckets
+                    if index in buckets:
+                        buckets[index] += 1
+                    else:
+                        buckets[index] = 1
+                        if len(buckets) > _MAX_BUCKETS:
+                            hold.collapse()
+                else:
+                    record.hold.add(heldFor)
                 holds += 1
                 holdTotal += heldFor
                 if heldFor > holdMax:

@@ -842,7 +842,7 @@ def makeRoot(locks: LockService, cluster: Optional[ClusterView],
     """
     if monitor is None:
         monitor = Monitor(locks.clock, locks.table.clientOf)
-        locks.activity.append(monitor)
+        locks.notify.attach(monitor)
     if cooperator is None:
         cooperator = makeCooperator(locks.clock)
     metrics = Metrics(locks, cluster, monitor)

@@ -9,13 +9,19 @@ replication on a standby, a heal's merge on the active).
 An observer's bug must not leave the table half-updated or a client
 unanswered: each call is guarded, and a failure is reported to the
 service's internal-error counter.
+
+Activity observers are attached with L{Observers.attach}.  The monitor is
+told of grants and releases through its L{Lane}: the fan-out appends the
+note to the monitor's log itself and calls it only when the change needs
+more than a note, which saves two calls per acquire and release (issue 20).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, List, Optional, Protocol, Sequence, Tuple
 
-from lockservice.server.monitor import ActivityObserver, Named
+from lockservice.server.changelog import DROPPED, FOLD_AT, GRANTED
+from lockservice.server.monitor import ActivityObserver, Lane, Named
 
 
 class ChangeObserver(Protocol):
@@ -79,6 +85,30 @@ class Observers:
         self.activity: List[ActivityObserver] = []
         self.mirrors: List[MirrorObserver] = []
         self._failed = failed
+        # The monitor's lane (it is told of grants and releases by a note,
+        # not a call), and the other activity observers (called).
+        self._lane: Optional[Lane] = None
+        self._called: List[ActivityObserver] = []
+
+    def attach(self, watcher: ActivityObserver) -> None:
+        """
+        Tell C{watcher} of the activity from now on: of grants and
+        releases through its C{lane} if it has one (the L{Monitor}; one
+        lane at most), by calls otherwise.
+        """
+        self.activity.append(watcher)
+        lane = getattr(watcher, "lane", None)
+        if isinstance(lane, Lane) and self._lane is None:
+            self._lane = lane
+        else:
+            self._called.append(watcher)
+
+    def detach(self, watcher: ActivityObserver) -> None:
+        self.activity.remove(watcher)
+        if self._lane is not None and getattr(watcher, "lane", None) is self._lane:
+            self._lane = None
+        else:
+            self._called.remove(watcher)
 
     def _notify(self, method: Callable[..., object], *args: object) -> None:
         try:
@@ -98,7 +128,20 @@ class Observers:
                 self._failed(f"observer {_where(observer.granted)}")
         if self.activity:
             owner = conn.name  # the connection the table keeps with the grant
-            for watcher in self.activity:
+            lane = self._lane
+            if lane is not None:
+                try:
+                    if lane.noteOnly:
+                        log = lane.log  # the note, as Monitor.granted makes it
+                        log.append((GRANTED, now, key, token, owner, waited, waiter is not None))
+                        if (waiter is not None or key in lane.waitedFor
+                                or key in lane.cycleKeys or len(log) >= FOLD_AT):
+                            lane.grantNoted(key, token, owner, now, waiter, conn)
+                    else:
+                        lane.granted(now, key, token, owner, waiter, waited, conn)
+                except Exception:
+                    self._failed(f"observer {_where(lane.granted)}")
+            for watcher in self._called:
                 try:
                     watcher.granted(now, key, token, owner, waiter, waited, conn)
                 except Exception:
@@ -120,7 +163,19 @@ class Observers:
                 observer.dropped(key, token, heldFor, expired)
             except Exception:
                 self._failed(f"observer {_where(observer.dropped)}")
-        for watcher in self.activity:
+        lane = self._lane
+        if lane is not None:
+            try:
+                if lane.noteOnly:
+                    log = lane.log  # the note, as Monitor.dropped makes it
+                    log.append((DROPPED, now, key, token, owner, heldFor, expired, None))
+                    if key in lane.cycleKeys or len(log) >= FOLD_AT:
+                        lane.dropNoted(key)
+                else:
+                    lane.dropped(now, key, token, owner, heldFor, expired)
+            except Exception:
+                self._failed(f"observer {_where(lane.dropped)}")
+        for watcher in self._called:
             try:
                 watcher.dropped(now, key, token, owner, heldFor, expired)
             except Exception:
