@@ -28,8 +28,8 @@ from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats, Sketch
 
 # The hold time's sketch, added to inline by the fold (as Sketch.add).
-_FLOOR, _LOG_GAMMA, _MAX_BUCKETS = Sketch.FLOOR, Sketch.LOG_GAMMA, Sketch.MAX_BUCKETS
-_ceil, _log = math.ceil, math.log
+_FLOOR, _LOG2_GAMMA, _MAX_BUCKETS = Sketch.FLOOR, Sketch.LOG2_GAMMA, Sketch.MAX_BUCKETS
+_ceil, _log2 = math.ceil, math.log2
 
 # Changes noted before they are folded into the events, statistics and
 # series even if nobody reads them (bounds the log's memory).
@@ -138,7 +138,7 @@ class ChangeLog:
                         hold.low = heldFor
                     if heldFor > hold.high:
                         hold.high = heldFor
-                    index = _ceil(_log(heldFor) / _LOG_GAMMA)
+                    index = _ceil(_log2(heldFor) / _LOG2_GAMMA)
                     buckets = hold.buckets
                     if index in buckets:
                         buckets[index] += 1
