@@ -3,7 +3,7 @@
 Per-key statistics for the busiest keys, in bounded memory.
 
 L{Sketch} summarises a stream of durations (mean exactly, quantiles within
-a few percent) in at most L{Sketch.MAX_BUCKETS} counters; L{KeyStats}
+a few percent) in L{Sketch.BUCKETS} counters; L{KeyStats}
 keeps one pair of sketches and a few counters for each of at most
 C{capacity} keys, dropping the least active ones when a new key needs room.
 
@@ -18,35 +18,45 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 class Sketch:
     """
-    A small log-bucketed histogram (the DDSketch idea): a value v falls in
-    bucket C{ceil(log(v) / log(GAMMA))}, so any quantile read back is within
-    C{(GAMMA - 1) / 2} (about 7%) of a real sample's value.  When more than
-    C{MAX_BUCKETS} buckets are in use the lowest ones are merged, which
-    keeps the memory constant and costs accuracy only in the low quantiles
-    (p99 and the mean stay exact-ish and exact).
+    A log-bucketed histogram (the DDSketch idea) over a fixed range: a
+    value v of at least C{FLOOR} falls in bucket
+    C{ceil(log(v / FLOOR) / log(GAMMA))}, so any quantile read back is
+    within C{(GAMMA - 1) / 2} (about 7%) of a real sample's value.
+    C{BUCKETS} buckets reach from one microsecond to C{CEILING} (about
+    nine years); longer durations share the last bucket (read back as the
+    longest seen).
 
-    Durations below C{FLOOR} seconds share one bucket (reported as 0): one
-    microsecond, the resolution the summaries are shown at, so that a lock
-    held for 50 microseconds reads as that and not as 0.
+    The counters are a list, made at the first value at or above
+    C{FLOOR}: constant memory (about 2 kB a sketch in use), and counting
+    a value costs a list index, not a dict's look-up and insert (the
+    monitor's fold adds a hold time per release, inline:
+    L{lockservice.server.changelog}).
+
+    Durations below C{FLOOR} seconds are counted apart (reported as 0):
+    one microsecond, the resolution the summaries are shown at, so that
+    a lock held for 50 microseconds reads as that and not as 0.
     """
 
     GAMMA = 1.15
-    MAX_BUCKETS = 80
     FLOOR = 1e-6
-
-    __slots__ = ("count", "total", "low", "high", "buckets", "zeros")  # zeros: samples below FLOOR
-
+    BUCKETS = 240
     # log2, not log: math.log takes an optional base, and parsing it costs
     # three times the logarithm (888 instructions a call against 269 on
     # CPython 3.11, callgrind); the bucket is the same, up to rounding.
     LOG2_GAMMA = math.log2(GAMMA)
+    SCALE = 1 / FLOOR
+    # Below it a value's bucket is below the last one, whatever the
+    # rounding; at or above it, the last one.
+    CEILING = FLOOR * GAMMA ** (BUCKETS - 2)
+
+    __slots__ = ("count", "total", "low", "high", "counts", "zeros")  # zeros: samples below FLOOR
 
     def __init__(self) -> None:
         self.count = 0
         self.total = 0.0
         self.low = math.inf
         self.high = 0.0
-        self.buckets: Dict[int, int] = {}
+        self.counts: Optional[List[int]] = None  # per bucket, from the first value counted
         self.zeros = 0
 
     def add(self, value: float) -> None:
@@ -54,8 +64,7 @@ class Sketch:
         Record one duration (seconds, >= 0).
         """
         # The names it reads are module globals bound once (not class
-        # attributes and math's): the monitor calls this twice per
-        # acquire + release.
+        # attributes and math's).
         if not value >= 0.0:  # negative, or NaN
             value = 0.0
         self.count += 1
@@ -67,16 +76,13 @@ class Sketch:
         if value < _FLOOR:
             self.zeros += 1
             return
-        index = _ceil(_log2(value) / _LOG2_GAMMA)
-        buckets = self.buckets
-        buckets[index] = buckets.get(index, 0) + 1
-        if len(buckets) > _MAX_BUCKETS:
-            self.collapse()
-
-    def collapse(self) -> None:
-        # Merge the two lowest buckets into the higher of them.
-        first, second = sorted(self.buckets)[:2]
-        self.buckets[second] += self.buckets.pop(first)
+        counts = self.counts
+        if counts is None:
+            counts = self.counts = [0] * _BUCKETS
+        if value < _CEILING:
+            counts[_ceil(_log2(value * _SCALE) / _LOG2_GAMMA)] += 1
+        else:
+            counts[-1] += 1
 
     @property
     def mean(self) -> Optional[float]:
@@ -94,12 +100,12 @@ class Sketch:
         seen = self.zeros
         if rank < seen:
             return 0.0
-        for index in sorted(self.buckets):
-            seen += self.buckets[index]
-            if rank < seen:
-                # The bucket (GAMMA^(i-1), GAMMA^i]: report its middle,
-                # clamped to what was really seen.
-                estimate = 2 * self.GAMMA ** index / (self.GAMMA + 1)
+        for index, count in enumerate(self.counts or ()):
+            seen += count
+            if rank < seen and index < _BUCKETS - 1:
+                # The bucket (FLOOR GAMMA^(i-1), FLOOR GAMMA^i]: report its
+                # middle, clamped to what was really seen.
+                estimate = 2 * self.FLOOR * self.GAMMA ** index / (self.GAMMA + 1)
                 return min(max(estimate, self.low), self.high)
         return self.high
 
@@ -119,15 +125,16 @@ class Sketch:
         }
 
 
-_FLOOR = Sketch.FLOOR
-_LOG2_GAMMA = Sketch.LOG2_GAMMA
-_MAX_BUCKETS = Sketch.MAX_BUCKETS
+_FLOOR, _CEILING, _SCALE = Sketch.FLOOR, Sketch.CEILING, Sketch.SCALE
+_BUCKETS, _LOG2_GAMMA = Sketch.BUCKETS, Sketch.LOG2_GAMMA
 _ceil, _log2 = math.ceil, math.log2
 
 
 class KeyRecord:
     """
-    What is known of one key: activity counters and two sketches.
+    What is known of one key: activity counters and two sketches (every
+    grant that ended is in C{hold}: its count is the releases and the
+    expiries).
 
     The counters are what the monitor's fold updates per change; the rest
     is derived when read: C{activity} (every change counted) and the
@@ -139,14 +146,13 @@ class KeyRecord:
         it is read.
     """
 
-    __slots__ = ("grants", "timeouts", "expiries", "releases", "waits", "waitedGrants",
+    __slots__ = ("grants", "timeouts", "expiries", "waits", "waitedGrants",
                  "hold", "_wait", "_zeroWaitsCounted")
 
     def __init__(self) -> None:
         self.grants = 0
         self.timeouts = 0
         self.expiries = 0
-        self.releases = 0
         self.waits = 0  # acquires that had to queue
         self.waitedGrants = 0
         self.hold = Sketch()
@@ -154,12 +160,21 @@ class KeyRecord:
         self._zeroWaitsCounted = 0
 
     @property
+    def releases(self) -> int:
+        """
+        The grants released: every grant that ended is in C{hold}, so
+        those that did not expire (one counter per change less: counting
+        costs an int object each, ~300 instructions, on the fold's path).
+        """
+        return self.hold.count - self.expiries
+
+    @property
     def activity(self) -> int:
         """
         Every change on the key: grants, queued acquires, timeouts,
         expiries and releases.
         """
-        return self.grants + self.waits + self.timeouts + self.expiries + self.releases
+        return self.grants + self.waits + self.timeouts + self.hold.count
 
     @property
     def wait(self) -> Sketch:
@@ -256,9 +271,7 @@ class KeyStats:
         record = self.record(key)
         if expired:
             record.expiries += 1
-        else:
-            record.releases += 1
-        record.hold.add(heldFor)
+        record.hold.add(heldFor)  # (the releases are derived from it)
 
     # -- reading -------------------------------------------------------------
 

@@ -28,7 +28,8 @@ from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats, Sketch
 
 # The hold time's sketch, added to inline by the fold (as Sketch.add).
-_FLOOR, _LOG2_GAMMA, _MAX_BUCKETS = Sketch.FLOOR, Sketch.LOG2_GAMMA, Sketch.MAX_BUCKETS
+_FLOOR, _CEILING, _SCALE = Sketch.FLOOR, Sketch.CEILING, Sketch.SCALE
+_LOG2_GAMMA = Sketch.LOG2_GAMMA
 _ceil, _log2 = math.ceil, math.log2
 
 # Changes noted before they are folded into the events, statistics and
@@ -125,29 +126,22 @@ class ChangeLog:
                 except KeyError:
                     record = recordOf(key)
                 if entry[6]:
-                    record.expiries += 1
-                else:
-                    record.releases += 1
-                if heldFor >= _FLOOR:
+                    record.expiries += 1  # (the releases are the hold's count less these)
+                hold = record.hold
+                counts = hold.counts
+                if counts is not None and _FLOOR <= heldFor < _CEILING:
                     # Sketch.add, inline for the common case (no call per
-                    # release); a zero, negative or NaN time goes through it.
-                    hold = record.hold
+                    # release); the first, a zero, a negative, a NaN or a
+                    # very long time goes through it.
                     hold.count += 1
                     hold.total += heldFor
                     if heldFor < hold.low:
                         hold.low = heldFor
                     if heldFor > hold.high:
                         hold.high = heldFor
-                    index = _ceil(_log2(heldFor) / _LOG2_GAMMA)
-                    buckets = hold.buckets
-                    if index in buckets:
-                        buckets[index] += 1
-                    else:
-                        buckets[index] = 1
-                        if len(buckets) > _MAX_BUCKETS:
-                            hold.collapse()
+                    counts[_ceil(_log2(heldFor * _SCALE) / _LOG2_GAMMA)] += 1
                 else:
-                    record.hold.add(heldFor)
+                    hold.add(heldFor)
                 holds += 1
                 holdTotal += heldFor
                 if heldFor > holdMax:
