@@ -103,13 +103,6 @@ class Observers:
         else:
             self._called.append(watcher)
 
-    def detach(self, watcher: ActivityObserver) -> None:
-        self.activity.remove(watcher)
-        if self._lane is not None and getattr(watcher, "lane", None) is self._lane:
-            self._lane = None
-        else:
-            self._called.remove(watcher)
-
     def _notify(self, method: Callable[..., object], *args: object) -> None:
         try:
             method(*args)
