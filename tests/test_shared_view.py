@@ -299,3 +299,25 @@ def test_a_wait_on_a_semaphore_with_a_free_slot_is_no_deadlock(
     [(_, first), (_, second)] = keyWaits(b"s", [("h", "w")], [("p", "w"), ("q", "w")], 2)
     assert (first.how, first.blockers) == (ANY, frozenset())
     assert (second.how, second.blockers) == (ANY, frozenset({"h", "p"}))
+
+
+@pytest.mark.parametrize("share", [b"r", b"3"])
+def test_the_end_of_every_grant_of_a_shared_key_names_its_holder(
+        node: ProtocolNode, share: bytes) -> None:
+    """
+    A release or an expiry of any grant of a shared key (the one whose
+    lease runs out first included: the grant the key's slot shows) is an
+    event that names the grant's holder, as for an exclusive key (found
+    from outside: most of them said null).
+    """
+    _, monitor = withMonitor(node)
+    alice, bob, carol = (named(node, n) for n in ("alice", "bob", "carol"))
+    first = tokenOf(alice.ask(b"A k 30 0 " + share))
+    second = tokenOf(bob.ask(b"A k 60 0 " + share))
+    tokenOf(carol.ask(b"A k 5 0 " + share))
+    assert alice.ask(b"R k %d" % first) == b"R k OK\n"  # not the first to run out
+    node.clock.advance(6)  # carol's runs out first: it expires
+    assert bob.ask(b"R k %d" % second) == b"R k OK\n"  # the last one
+    ended = [(e.type, e.who) for e in monitor.events.since(0)[0]
+             if e.type in ("release", "expiry")]
+    assert ended == [("release", "alice"), ("expiry", "carol"), ("release", "bob")]

@@ -889,7 +889,14 @@ class LockTable:
             return None
         client = self._clients[slot]
         if type(client) is _Extra:
-            client = client.client
+            shared = client.shared
+            if shared is None:
+                client = client.client
+            else:
+                # The slot shows the shared grant that runs out first: its
+                # holder is that grant's (the key's own client is unused).
+                grant = shared.grants.get(self._tokens[slot])
+                client = grant.client if grant is not None else None
         return self._tokens[slot], self._granted[slot], self._expires[slot], client
 
     def clientOf(self, key: bytes) -> object:
