@@ -321,3 +321,36 @@ def test_the_end_of_every_grant_of_a_shared_key_names_its_holder(
     ended = [(e.type, e.who) for e in monitor.events.since(0)[0]
              if e.type in ("release", "expiry")]
     assert ended == [("release", "alice"), ("expiry", "carol"), ("release", "bob")]
+
+
+def test_force_release_of_a_shared_grant_names_the_grant_it_made_as_next(
+        node: ProtocolNode) -> None:
+    """
+    C{next_token} is the token of the grant the force-release made (the
+    waiter's), or null: never another holder's grant of the same shared
+    key (found from outside: a semaphore's force-release reported the other
+    slot's token, and a reader's the other reader's).
+    """
+    stub, _ = withMonitor(node, adminSecret=b"s3cret")
+    s0, s1, s2 = (named(node, n) for n in ("s0", "s1", "s2"))
+    first, second = tokenOf(s0.ask(b"A sem 30 0 2")), tokenOf(s1.ask(b"A sem 30 0 2"))
+    assert s2.ask(b"A sem 30 5 2") == b""  # waits for a slot
+
+    def force(token: int, key: str = "sem") -> Dict[str, Any]:
+        responses: List[Any] = []
+        stub.post(f"http://node/locks/{key}/release?token={token}&reason=stuck",
+                  headers={b"authorization": [b"Bearer s3cret"]}).addCallback(
+            lambda r: r.content().addCallback(lambda b: responses.append((r.code, b))))
+        stub.flush()
+        code, body = responses[0]
+        assert code == 200, body
+        return json.loads(body)  # type: ignore[no-any-return]
+
+    answer = force(first)
+    waiterGot = tokenOf(s2.take())
+    assert answer["released_token"] == first and answer["next_token"] == waiterGot
+    assert force(second)["next_token"] is None  # nobody waited: s2's grant is older
+    r1, r2 = named(node, "r1"), named(node, "r2")
+    reader = tokenOf(r1.ask(b"A rw 30 0 r"))
+    tokenOf(r2.ask(b"A rw 30 0 r"))
+    assert force(reader, "rw")["next_token"] is None  # the other reader was there before

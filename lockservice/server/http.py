@@ -721,13 +721,19 @@ class LocksResource(_NodeResource):
                                    "key": key.decode("utf-8", "replace")}, 404)
         peer = request.getClientAddress()
         who = f"admin@{getattr(peer, 'host', peer)}"
+        table = self.locks.table
+        issuedBefore = table.tokens.last
         if not self.monitor.forceRelease(self.locks, key, token, reason, who):
             return _json(request, {"error": "key not held",
                                    "key": key.decode("utf-8", "replace")}, 404)
+        # The next token is that of a grant this release made (a waiter's;
+        # the first, should it let several readers in), not any grant of
+        # the key: a shared key's other holders were there before.
+        made = [held.token for held in table.grantsOf(key) if held.token > issuedBefore]
         return _json(request, {
             "key": key.decode("utf-8", "replace"),
             "released_token": token,
-            "next_token": self.locks.table.tokenOf(key),
+            "next_token": min(made) if made else None,
             "reason": reason,
         })
 
