@@ -577,7 +577,14 @@ def test_force_release_reason_cannot_forge_lines(node: ProtocolNode) -> None:
     assert "\n" not in line and "\r" not in line and "\x1b" not in line
     node.connect().ask(b"A k2 30 0")
     code, answer = post(stub, "/locks/k2/release", reason="x" * 5000)
-    assert code == 200 and len(answer["reason"]) == 503
+    # At most 500 characters as documented, the mark of the cut included
+    # (found from outside: 503).
+    assert code == 200 and answer["reason"] == "x" * 497 + "..."
+    # Escapes count, and the cut never splits one (found from outside: 512).
+    node.connect().ask(b"A k3 30 0")
+    code, answer = post(stub, "/locks/k3/release", reason="ab" + "\x1b" * 300)
+    assert code == 200 and answer["reason"] == "ab" + "\\x1b" * 123 + "..."
+    assert len(answer["reason"]) == 497
 
 
 @pytest.mark.parametrize("path", ["/locks?limit=1001", "/locks?limit=1000000000",

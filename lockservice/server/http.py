@@ -579,14 +579,21 @@ def cleanReason(raw: bytes) -> str:
     cannot forge log lines or terminal output; at most L{REASON_LIMIT}
     characters.
     """
-    text = raw.decode("utf-8", "replace").strip()
-    if len(text) > REASON_LIMIT:
-        text = text[:REASON_LIMIT] + "..."
-    return "".join(
-        c.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
-        for c in text
-    )
+    pieces: List[str] = []
+    size = 0
+    for c in raw.decode("utf-8", "replace").strip():
+        piece = (c.encode("unicode_escape").decode("ascii")
+                 if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c)
+        if size + len(piece) > REASON_LIMIT:
+            # Cut, escapes counted, with room for the mark of the cut (and
+            # never through an escape).
+            while size + 3 > REASON_LIMIT:
+                size -= len(pieces.pop())
+            pieces.append("...")
+            break
+        pieces.append(piece)
+        size += len(piece)
+    return "".join(pieces)
 
 
 def _key(raw: Optional[bytes]) -> Optional[bytes]:
