@@ -116,6 +116,26 @@ def test_keystats_keeps_the_busiest_keys_in_bounded_memory() -> None:
     assert stats.evicted > 4000
 
 
+@pytest.mark.parametrize("newKeys", [30, 60, 100, 120])
+def test_keys_busier_now_displace_keys_as_little_used_before_them(newKeys: int) -> None:
+    """
+    A full table of keys used once does not keep out new keys used as
+    often, nor then more (found from outside: 1,000 keys used once kept
+    keys used ten times each out of the statistics for good).
+    """
+    stats = KeyStats(capacity=100)
+    for old in range(100):
+        stats.granted(b"old-%d" % old, 0.0)
+    for _ in range(10):
+        for new in range(newKeys):
+            stats.granted(b"new-%d" % new, 0.0)
+    top = [key for key, _ in stats.top(100)]
+    assert all(key.startswith(b"new-") for key in top[:min(newKeys, 100)])
+    if newKeys <= 100:  # all of them fit: each counted from its first use
+        assert all(stats.get(b"new-%d" % new).grants == 10  # type: ignore[union-attr]
+                   for new in range(newKeys))
+
+
 def test_series_per_second() -> None:
     series = Series(span=60)
     series.granted(100.2)

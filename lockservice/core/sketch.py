@@ -246,11 +246,18 @@ class KeyStats:
         return record
 
     def _evict(self) -> None:
-        ranked = sorted(self._records.items(), key=lambda item: item[1].activity,
-                        reverse=True)
-        self.evicted += len(ranked) - self.capacity
-        self._records.clear()
-        self._records.update(ranked[:self.capacity])
+        # The least active go, and of equally active ones the oldest
+        # records first (a stable sort keeps the dict's order, oldest
+        # first): else keys seen once long ago would keep out every new
+        # key as busy as they were, and so every busier one after it
+        # (found from outside: 1,000 keys used once kept 1,200 used ten
+        # times each out of the statistics).
+        records = self._records  # in place: the monitor's fold holds it
+        ranked = sorted(records.items(), key=lambda item: item[1].activity)
+        dropped = len(ranked) - self.capacity
+        self.evicted += dropped
+        for key, _ in ranked[:dropped]:
+            del records[key]
 
     # -- the events counted --------------------------------------------------
 
