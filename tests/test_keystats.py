@@ -116,7 +116,7 @@ def test_keystats_keeps_the_busiest_keys_in_bounded_memory() -> None:
     assert stats.evicted > 4000
 
 
-@pytest.mark.parametrize("newKeys", [30, 60, 100, 120])
+@pytest.mark.parametrize("newKeys", [30, 60, 100, 120, 250, 1000])
 def test_keys_busier_now_displace_keys_as_little_used_before_them(newKeys: int) -> None:
     """
     A full table of keys used once does not keep out new keys used as
@@ -126,13 +126,18 @@ def test_keys_busier_now_displace_keys_as_little_used_before_them(newKeys: int) 
     stats = KeyStats(capacity=100)
     for old in range(100):
         stats.granted(b"old-%d" % old, 0.0)
+        stats.dropped(b"old-%d" % old, 0.001, False)
     for _ in range(10):
+        # Pipelined: every acquire, then every release (a new key is
+        # counted once before it is counted twice).
         for new in range(newKeys):
             stats.granted(b"new-%d" % new, 0.0)
+        for new in range(newKeys):
+            stats.dropped(b"new-%d" % new, 0.001, False)
     top = [key for key, _ in stats.top(100)]
     assert all(key.startswith(b"new-") for key in top[:min(newKeys, 100)])
-    if newKeys <= 100:  # all of them fit: each counted from its first use
-        assert all(stats.get(b"new-%d" % new).grants == 10  # type: ignore[union-attr]
+    if newKeys <= 100:  # all of them fit: each counted from its first use, or its second
+        assert all(stats.get(b"new-%d" % new).grants >= 9  # type: ignore[union-attr]
                    for new in range(newKeys))
 
 

@@ -147,9 +147,12 @@ class KeyRecord:
     """
 
     __slots__ = ("grants", "timeouts", "expiries", "waits", "waitedGrants",
-                 "hold", "_wait", "_zeroWaitsCounted")
+                 "hold", "_wait", "_zeroWaitsCounted", "rankFloor")
 
-    def __init__(self) -> None:
+    def __init__(self, rankFloor: int = 0) -> None:
+        # Added to its activity when the statistics choose which keys to
+        # drop (KeyStats._evict), never shown.
+        self.rankFloor = rankFloor
         self.grants = 0
         self.timeouts = 0
         self.expiries = 0
@@ -230,6 +233,7 @@ class KeyStats:
         # not in it.  Never replaced, so it may be kept.
         self.records = self._records
         self.evicted = 0
+        self._rankFloor = 0  # a new record's (see _evict)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -242,22 +246,27 @@ class KeyStats:
         if record is None:
             if len(self._records) >= self.capacity + self._slack:
                 self._evict()
-            record = self._records[key] = KeyRecord()
+            record = self._records[key] = KeyRecord(self._rankFloor)
         return record
 
     def _evict(self) -> None:
-        # The least active go, and of equally active ones the oldest
-        # records first (a stable sort keeps the dict's order, oldest
-        # first): else keys seen once long ago would keep out every new
-        # key as busy as they were, and so every busier one after it
-        # (found from outside: 1,000 keys used once kept 1,200 used ten
-        # times each out of the statistics).
+        # The least active go, of equally ranked ones the oldest records
+        # first (a stable sort keeps the dict's order).  A record made
+        # after an eviction is ranked as if it had the activity of the
+        # busiest record that eviction dropped (the Space-Saving idea;
+        # its figures stay its own): else a burst of new keys (a
+        # pipeline's acquires, each counted before its release) would go
+        # before it was counted twice, and keys seen once long ago would
+        # keep out every new key for good (found from outside: 1,000 keys
+        # used once kept 1,200 used ten times each out of the statistics).
         records = self._records  # in place: the monitor's fold holds it
-        ranked = sorted(records.items(), key=lambda item: item[1].activity)
+        ranked = sorted(records.items(), key=lambda item: item[1].activity + item[1].rankFloor)
         dropped = len(ranked) - self.capacity
         self.evicted += dropped
         for key, _ in ranked[:dropped]:
             del records[key]
+        last = ranked[dropped - 1][1]
+        self._rankFloor = last.activity + last.rankFloor
 
     # -- the events counted --------------------------------------------------
 
