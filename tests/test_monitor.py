@@ -627,9 +627,9 @@ def test_a_change_noted_through_the_lane_is_the_change_the_monitor_notes(
     for i in range(3000):
         key, who = rng.choice(keys), rng.choice(names)
         step = rng.random()
+        elapsed = rng.choice([0.0, 1e-5, 0.01, 0.07])
         for side in (0, 1):
-            clocks[side].advance(rng.choice([0.0, 1e-5, 0.01, 0.07]) if side == 0 else 0.0)
-        clocks[1].advance(clocks[0].seconds() - clocks[1].seconds())
+            clocks[side].advance(elapsed)
         now = clocks[0].seconds()
         if key in held and step < 0.05:
             for side, monitor in ((0, laned), (1, called)):
