@@ -39,6 +39,7 @@ import concurrent.futures
 import os
 import signal
 import threading
+import time
 from typing import Any, Callable, Optional, Set, TypeVar
 
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
@@ -51,6 +52,8 @@ T = TypeVar("T")
 # How long interpreter exit waits for open clients to close.
 EXIT_WAIT = 2.0
 START_WAIT = 10.0
+# How often a thread waiting on the reactor thread wakes (see waitFor).
+WAKE_EVERY = 0.05
 
 
 def _newReactor() -> Any:
@@ -187,10 +190,34 @@ class ReactorThread:
         """
         future = self.submit(f, *args, onAbandon=onAbandon, cancellable=cancellable, **kwargs)
         try:
-            return future.result(timeout)
+            return waitFor(future, timeout)
         except BaseException:
             future.cancel()
             raise
+
+
+def waitFor(future: "concurrent.futures.Future[T]", timeout: Optional[float] = None) -> T:
+    """
+    C{future.result(timeout)}, waking every L{WAKE_EVERY} seconds meanwhile.
+
+    A signal that reaches the main thread just before it starts to wait
+    (a SIGCHLD from a child process that stopped, continued or exited) is
+    handled only when that thread runs Python code again, and until then
+    CPython 3.11 interrupts every other thread at every instruction; under
+    a tracer (coverage, a debugger) the reactor thread then made no
+    progress at all, so a call waited on never finished (the test of a
+    lost lease hung in 2 runs of 6 under coverage).  Waking lets the
+    signal be handled within L{WAKE_EVERY}.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = WAKE_EVERY if deadline is None else max(0.0, min(WAKE_EVERY,
+                                                                deadline - time.monotonic()))
+        try:
+            return future.result(wait)
+        except concurrent.futures.TimeoutError:
+            if future.done() or (deadline is not None and time.monotonic() >= deadline):
+                raise  # the call's own error, or the caller's timeout
 
 
 _lock = threading.Lock()
