@@ -13,7 +13,7 @@ import pytest
 
 from lockservice.server import http
 from lockservice.server.deadlocks import WAIT_ENTERS_AFTER
-from tests.test_http import fetch, withMonitor
+from tests.test_http import SECRET, fetch, post, withMonitor
 from tests.test_protocol import T0
 from tests.test_protocol import Node as ProtocolNode
 
@@ -137,16 +137,11 @@ def test_holders_listed_are_bounded_per_key_and_per_answer(
 
 
 def test_force_release_of_one_grant_of_a_shared_key(node: ProtocolNode) -> None:
-    stub, monitor = withMonitor(node, adminSecret=b"s3cret")
+    stub, monitor = withMonitor(node, adminSecret=SECRET)
     r1, r2 = named(node, "r1"), named(node, "r2")
     first, second = tokenOf(r1.ask(b"A k 30 0 r")), tokenOf(r2.ask(b"A k 60 0 r"))
-    responses: List[Any] = []
-    stub.post(f"http://node/locks/k/release?token={second}&reason=stuck",
-              headers={b"authorization": [b"Bearer s3cret"]}).addCallback(
-        lambda r: r.content().addCallback(lambda b: responses.append((r.code, b))))
-    stub.flush()
-    code, body = responses[0]
-    assert code == 200 and json.loads(body)["released_token"] == second
+    code, answer = post(stub, f"/locks/k/release?token={second}")
+    assert code == 200 and answer["released_token"] == second
     assert [t for t, *_ in node.service.table.firstGrants(b"k", 10)] == [first]
     assert monitor.forceReleases == 1
 
@@ -331,20 +326,15 @@ def test_force_release_of_a_shared_grant_names_the_grant_it_made_as_next(
     key (found from outside: a semaphore's force-release reported the other
     slot's token, and a reader's the other reader's).
     """
-    stub, _ = withMonitor(node, adminSecret=b"s3cret")
+    stub, _ = withMonitor(node, adminSecret=SECRET)
     s0, s1, s2 = (named(node, n) for n in ("s0", "s1", "s2"))
     first, second = tokenOf(s0.ask(b"A sem 30 0 2")), tokenOf(s1.ask(b"A sem 30 0 2"))
     assert s2.ask(b"A sem 30 5 2") == b""  # waits for a slot
 
     def force(token: int, key: str = "sem") -> Dict[str, Any]:
-        responses: List[Any] = []
-        stub.post(f"http://node/locks/{key}/release?token={token}&reason=stuck",
-                  headers={b"authorization": [b"Bearer s3cret"]}).addCallback(
-            lambda r: r.content().addCallback(lambda b: responses.append((r.code, b))))
-        stub.flush()
-        code, body = responses[0]
-        assert code == 200, body
-        return json.loads(body)  # type: ignore[no-any-return]
+        code, answer = post(stub, f"/locks/{key}/release?token={token}")
+        assert code == 200, answer
+        return answer  # type: ignore[no-any-return]
 
     answer = force(first)
     waiterGot = tokenOf(s2.take())
