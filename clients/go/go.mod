@@ -1,0 +1,3 @@
+module github.com/lockservice/lockservice/clients/go
+
+go 1.23

@@ -1,0 +1,5 @@
+package lockservice
+
+import "errors"
+
+func errorIs(err, target error) bool { return errors.Is(err, target) }
