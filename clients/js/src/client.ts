@@ -400,6 +400,8 @@ class AcquireRun {
     let noActiveUntil: number | null = null;
     let prefer: Slot | null = null;
     let waitedTurn = false;
+    // The last answer was `M ... *`: no active node known.
+    let noActive = false;
     for (;;) {
       if (this.abandoned) return;
       if (this.client.closed) throw new NoConnectionError("client closed");
@@ -419,6 +421,7 @@ class AcquireRun {
       if (now - asked > 1) waitedTurn = true;
       if (deadline !== null && (this.sends > 0 || waitedTurn) && now >= deadline) {
         pool.unclaim(conn, "A", key);
+        if (noActive) throw new NoConnectionError("no active node (the cluster answers M *) within the wait");
         throw new TimeoutError(`no grant for ${JSON.stringify(key)} within ${this.wait} s`);
       }
       // A re-sent request (after a drop, a redirect) asks only for the wait
@@ -444,6 +447,7 @@ class AcquireRun {
       }
       this.sentOn = null;
       pool.unclaim(conn, "A", key);
+      noActive = fields[0] === "M" && (fields[3] ?? "*") === "*";
       switch (fields[0]) {
         case "A": {
           const token = fields[2] ?? "";
