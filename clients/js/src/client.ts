@@ -480,8 +480,16 @@ class AcquireRun {
           try {
             await slot.switchTo(target);
             prefer = slot;
+            noActiveUntil = null;
           } catch {
-            // The named active cannot be reached: the next connection.
+            // The named active cannot be reached (it just died, say, and
+            // the standby does not know yet): as with `M ... *`, try again
+            // shortly, until the wait runs out (10 s when it is 0).
+            redirects--;
+            noActive = true;
+            if (noActiveUntil === null) noActiveUntil = deadline ?? monotonic() + NO_ACTIVE_FOR_MS;
+            if (monotonic() >= noActiveUntil) throw new NoConnectionError(`the active node named by a redirect (${target}) cannot be reached`);
+            await sleep(Math.min(NO_ACTIVE_RETRY_MS, Math.max(0, noActiveUntil - monotonic())), this.internal.signal);
           }
           continue;
         }
@@ -884,8 +892,12 @@ export class Client implements LockOwner {
           try {
             await slot.switchTo(target);
             prefer = slot;
+            noActiveUntil = null;
           } catch {
-            // unreachable: the next connection
+            redirects--;
+            if (noActiveUntil === null) noActiveUntil = deadline ?? monotonic() + NO_ACTIVE_FOR_MS;
+            if (monotonic() >= noActiveUntil) throw new NoConnectionError(`the active node named by a redirect (${target}) cannot be reached`);
+            await sleep(NO_ACTIVE_RETRY_MS, signal);
           }
           continue;
         }

@@ -55,6 +55,8 @@ export class Slot {
   /** The ready connection, when up. */
   conn: Connection | null = null;
   connecting: Connection | null = null;
+  /** A connection to a redirect's target, coming up. */
+  private switching: { address: Address; conn: Connection } | null = null;
   lastError: string | null = null;
   lastAttemptAt = -Infinity;
   lastFailureAt = -Infinity;
@@ -139,36 +141,68 @@ export class Slot {
   }
 
   /**
-   * Follows a redirect: reconnects this slot to `target`; the old
-   * connection is retired (closed once its pending answers are in).
-   * Resolves when connected there; rejects with {@link NoConnectionError}.
+   * Follows a redirect: connects this slot to `target`, and once that
+   * connection is up, retires the old one (closed once its pending answers
+   * are in). Make before break: when `target` cannot be reached, the slot
+   * keeps the connection it had. Resolves when connected there; rejects
+   * with {@link NoConnectionError}.
    */
   switchTo(target: string): Promise<void> {
     let address: Address;
     try {
       address = parseAddress(target);
-    } catch (e) {
+    } catch {
       return Promise.reject(new NoConnectionError(`redirected to a bad address ${JSON.stringify(target)}`));
     }
-    if (this.address.text === address.text && this.conn !== null) return Promise.resolve();
+    if (this.pool.closed) return Promise.reject(new NoConnectionError("client closed"));
+    if (this.conn !== null && this.address.text === address.text) return Promise.resolve();
     const promise = new Promise<void>((resolve, reject) => this.switchWaiters.push({ resolve, reject }));
-    if (this.address.text === address.text && this.connecting !== null) return promise;
-    this.address = address;
-    const old = this.conn;
-    this.conn = null;
-    if (old !== null) {
-      old.onClose = null;
-      old.retire();
-      this.pool.slotDown(this);
-    }
-    if (this.connecting !== null) {
-      // An attempt elsewhere is under way: it no longer counts.
-      const stale = this.connecting;
-      this.connecting = null;
-      stale.onClose = null;
-      stale.destroy("redirected elsewhere");
-    }
-    this.connect();
+    if (this.switching !== null && this.switching.address.text === address.text) return promise;
+    if (this.switching !== null) this.switching.conn.destroy("redirected elsewhere");
+    const conn = new Connection(address, this.pool.name, this.pool.tls);
+    const switching = { address, conn };
+    this.switching = switching;
+    conn.ready.then(
+      () => {
+        if (this.switching !== switching) {
+          conn.end();
+          return;
+        }
+        this.switching = null;
+        if (this.pool.closed) {
+          conn.end();
+          return;
+        }
+        if (this.retryTimer !== null) clearTimeout(this.retryTimer);
+        this.retryTimer = null;
+        if (this.connecting !== null) {
+          this.connecting.onClose = null;
+          this.connecting.destroy("redirected elsewhere");
+          this.connecting = null;
+        }
+        const old = this.conn;
+        this.conn = conn;
+        this.address = address;
+        this.lastError = null;
+        conn.onClose = () => this.lost(conn);
+        if (old !== null) {
+          old.onClose = null;
+          old.retire();
+        }
+        const waiters = this.switchWaiters;
+        this.switchWaiters = [];
+        for (const w of waiters) w.resolve();
+        this.pool.slotUp(this);
+      },
+      (error: unknown) => {
+        if (this.switching !== switching) return;
+        this.switching = null;
+        const why = error instanceof Error ? error.message : String(error);
+        const waiters = this.switchWaiters;
+        this.switchWaiters = [];
+        for (const w of waiters) w.reject(new NoConnectionError(`cannot connect to ${address.text} (redirected there): ${why}`));
+      },
+    );
     return promise;
   }
 
@@ -178,6 +212,8 @@ export class Slot {
     const waiters = this.switchWaiters;
     this.switchWaiters = [];
     for (const w of waiters) w.reject(new NoConnectionError("client closed"));
+    if (this.switching !== null) this.switching.conn.destroy("client closed");
+    this.switching = null;
     for (const conn of [this.conn, this.connecting]) {
       if (conn !== null) {
         conn.onClose = null;
