@@ -399,16 +399,22 @@ class AcquireRun {
     let redirects = 0;
     let noActiveUntil: number | null = null;
     let prefer: Slot | null = null;
-    let waitedTurn = false;
+    // Time went by before the first send (waiting for a turn or a connection).
+    let delayed = false;
     // The last answer was `M ... *`: no active node known.
     let noActive = false;
     for (;;) {
       if (this.abandoned) return;
       if (this.client.closed) throw new NoConnectionError("client closed");
-      const asked = monotonic();
-      const slot = await pool.claim("A", key, this.internal.signal, prefer);
+      let slot = pool.claimNow("A", key, prefer);
       prefer = null;
+      if (slot === undefined) {
+        // Every connection has an A of this key outstanding: wait our turn.
+        delayed = true;
+        slot = await pool.claimLater("A", key, this.internal.signal);
+      }
       if (slot === null) {
+        delayed = true;
         await pool.whenUp(connectUntil, this.internal.signal);
         continue;
       }
@@ -418,8 +424,8 @@ class AcquireRun {
         return;
       }
       const now = monotonic();
-      if (now - asked > 1) waitedTurn = true;
-      if (deadline !== null && (this.sends > 0 || waitedTurn) && now >= deadline) {
+      // The deadline ends re-sends only: the first try always goes out.
+      if (deadline !== null && this.sends > 0 && now >= deadline) {
         pool.unclaim(conn, "A", key);
         if (noActive) throw new NoConnectionError("no active node (the cluster answers M *) within the wait");
         throw new TimeoutError(`no grant for ${JSON.stringify(key)} within ${this.wait} s`);
@@ -428,7 +434,11 @@ class AcquireRun {
       // that is left, so the whole acquire stays bounded; the first asks
       // for the wait given, exactly.
       const waitText =
-        deadline === null ? "0" : this.sends === 0 && !waitedTurn ? this.waitText : formatSeconds(Math.max((deadline - now) / 1000, 0.001));
+        deadline === null
+          ? "0"
+          : this.sends === 0 && (!delayed || now - started < 50)
+            ? this.waitText
+            : formatSeconds(Math.max((deadline - now) / 1000, this.sends === 0 ? 0.000001 : 0.001));
       this.sends++;
       const sentAt = monotonic();
       this.sentOn = conn;

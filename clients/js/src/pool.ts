@@ -279,20 +279,33 @@ export class Pool {
    * Resolves null when no connection is up at all.
    */
   claim(kind: Kind, key: string, signal: AbortSignal, prefer: Slot | null = null): Promise<Slot | null> {
-    const queueKey = `${kind} ${key}`;
-    const queue = this.claims.get(queueKey);
-    if (queue === undefined || queue.length === 0) {
-      if (!this.up) return Promise.resolve(null);
-      if (prefer !== null && prefer.conn !== null && !prefer.conn.retiring) {
-        const marks = kind === "A" ? prefer.conn.outstandingA : prefer.conn.outstandingO;
-        if (!marks.has(key)) {
-          marks.add(key);
-          return Promise.resolve(prefer);
-        }
+    const now = this.claimNow(kind, key, prefer);
+    if (now !== undefined) return Promise.resolve(now);
+    return this.claimLater(kind, key, signal);
+  }
+
+  /**
+   * {@link claim} without waiting: the slot, null when no connection is up,
+   * undefined when it would have to wait its turn.
+   */
+  claimNow(kind: Kind, key: string, prefer: Slot | null = null): Slot | null | undefined {
+    const queue = this.claims.get(`${kind} ${key}`);
+    if (queue !== undefined && queue.length > 0) return undefined;
+    if (!this.up) return null;
+    if (prefer !== null && prefer.conn !== null && !prefer.conn.retiring) {
+      const marks = kind === "A" ? prefer.conn.outstandingA : prefer.conn.outstandingO;
+      if (!marks.has(key)) {
+        marks.add(key);
+        return prefer;
       }
-      const slot = this.pickFree(kind, key);
-      if (slot !== null) return Promise.resolve(slot);
     }
+    const slot = this.pickFree(kind, key);
+    return slot === null ? undefined : slot;
+  }
+
+  /** Waits its turn for a slot (see {@link claim}). */
+  claimLater(kind: Kind, key: string, signal: AbortSignal): Promise<Slot | null> {
+    const queueKey = `${kind} ${key}`;
     return new Promise<Slot | null>((resolve, reject) => {
       if (signal.aborted) {
         reject(signal.reason);

@@ -10,6 +10,7 @@ import * as fs from "node:fs";
 import { after, before, describe, test } from "node:test";
 
 import { CancelledError, NoConnectionError, RejectedError, StaleError, TimeoutError, connect } from "../dist/index.js";
+import { EXPECT, runExample } from "./examples-lib.js";
 import { waitFor } from "./fake.js";
 import { DriverProcess, RealNode, TWISTD, exchange, freePort, makeCerts, secretFile, sleep, tmpdir, type Certs } from "./helpers.js";
 
@@ -200,6 +201,15 @@ if (!TWISTD) {
       }
     });
 
+    test("the README's examples run against the node", async () => {
+      for (const [name, patterns] of Object.entries(EXPECT)) {
+        if (name === "tls") continue; // TLS nodes: below
+        const result = await runExample(name, { LOCKSERVICE_ADDR: node.address });
+        assert.equal(result.code, 0, `${name}: exit ${result.code}: ${result.stderr}`);
+        for (const p of patterns) assert.match(result.stdout, p, name);
+      }
+    });
+
     test("a paused node: an acquire with a wait ends within 3 s of the wait; a release within its 5 s", async () => {
       const c = connect(node.address);
       try {
@@ -329,6 +339,8 @@ if (!TWISTD) {
         await assert.rejects(none.acquire("mtls/k", { lease: 5, wait: 2 }), NoConnectionError);
         driver.send({ id: 1, op: "acquire", key: "mtls/d", lease: 5, wait: 2 });
         assert.equal((await driver.result(1))["ok"], true);
+        const example = await runExample("tls", { LOCKSERVICE_ADDR: mutual.address, LOCKSERVICE_CA: certs.ca, LOCKSERVICE_CERT: certs.clientCert, LOCKSERVICE_KEY: certs.clientKey });
+        assert.equal(example.code, 0, example.stderr);
       } finally {
         await good.close();
         await none.close();
