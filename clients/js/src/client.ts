@@ -399,7 +399,7 @@ class AcquireRun {
     let redirects = 0;
     let noActiveUntil: number | null = null;
     let prefer: Slot | null = null;
-    // Time went by before the first send (waiting for a turn or a connection).
+    // The first send waited for its turn (another A of this key on every connection).
     let delayed = false;
     // The last answer was `M ... *`: no active node known.
     let noActive = false;
@@ -414,7 +414,9 @@ class AcquireRun {
         slot = await pool.claimLater("A", key, this.internal.signal);
       }
       if (slot === null) {
-        delayed = true;
+        // Waiting for a connection (a start, a reconnection) does not count:
+        // the first send still asks for the whole wait, and the guard
+        // bounds the acquire at wait + 2 s.
         await pool.whenUp(connectUntil, this.internal.signal);
         continue;
       }
@@ -436,7 +438,7 @@ class AcquireRun {
       const waitText =
         deadline === null
           ? "0"
-          : this.sends === 0 && (!delayed || now - started < 50)
+          : this.sends === 0 && !delayed
             ? this.waitText
             : formatSeconds(Math.max((deadline - now) / 1000, this.sends === 0 ? 0.000001 : 0.001));
       this.sends++;
