@@ -26,6 +26,7 @@ type slot struct {
 	attemptedAt time.Time // start of the last dial attempt
 	failedAt    time.Time // end of the last failed attempt
 	lastErr     error
+	quickAt     time.Time // last immediate redial after a drop
 	kick        chan struct{}
 	switched    chan struct{}
 }
@@ -309,11 +310,16 @@ func (s *slot) loop() {
 		redirected := s.addr != c.addr
 		p.mu.Unlock()
 		p.turn()
-		// Redial at once after a drop of a connection that lived, or to
-		// follow a redirect; else keep to the interval.
-		if redirected || time.Since(c.opened) >= ReconnectInterval {
+		// Redial at once to follow a redirect, or after a drop (once per
+		// interval: a node that keeps closing connections is not redialled
+		// in a loop); else keep to the interval.
+		switch {
+		case redirected:
 			wait = 0
-		} else {
+		case time.Since(s.quickAt) >= ReconnectInterval:
+			s.quickAt = time.Now()
+			wait = 0
+		default:
 			wait = time.Until(s.attemptedAt.Add(ReconnectInterval))
 		}
 	}
