@@ -18,25 +18,39 @@ Two things survive a restart:
     C{last_token} restored).  Cluster terms follow the same mark.
   - the held locks, written by a node that stops gracefully with nobody to
     hand them to (a lone node, or the last active of a cluster): keys,
-    tokens, shares (every reader's and every semaphore slot's grant) and
-    wall-clock deadlines, so a lease that ran out while the
-    node was down is gone when it starts.  The next start takes them and
-    rewrites the file without them at once: a table is served (or handed
-    over) by one start only, never brought back by a later crash.
+    tokens, shares (every reader's and every semaphore slot's grant),
+    holder names, places kept by the lock-delay, and deadlines, so a lease
+    that ran out while the node was down is gone when it starts.  The next
+    start takes them and rewrites the file without them at once: a table
+    is served (or handed over) by one start only, never brought back by a
+    later crash.
+
+How long the node was down is measured on a clock that survives a
+restart and ignores wall-clock steps: Linux's C{CLOCK_BOOTTIME}, with the
+boot it belongs to (C{/proc/sys/kernel/random/boot_id}).  Within one boot
+the downtime is exact whatever the wall clock did meanwhile.  After a
+reboot only the wall clock is left: a wall clock behind the moment of the
+save cannot say how long the node was down, and then every saved lease is
+treated as expired (no lease may run longer than it was granted for).
 
 The file, C{DIR/state}, is text, one record per line, ending with a
 checksum of everything before it::
 
-    lockservice-state 1
+    lockservice-state 2
     cluster <hash of the secret and the peer list>
     node <this node's --peers entry, or ->
     mark <token high-water mark>
     term <highest term seen>
     saved <wall-clock microseconds when the locks were written, 0: no locks>
+    boot <boot id, or -> <CLOCK_BOOTTIME microseconds when the locks were written>
     locks <count>
-    L <key, hex> <token> <deadline, wall us> <granted, wall us> <share>
+    L <key, hex> <token> <deadline, wall us> <granted, wall us> <share> <holder, hex or -> <d or ->
     ...
     sha256 <hex digest of every byte above>
+
+Deadlines are written as wall-clock microseconds relative to C{saved}
+(the time left is C{deadline - saved}).  Format 1, written by version
+0.1, is read too (no boot line, no holder, no lock-delay).
 
 A file that is corrupt, truncated, of another format version, of another
 cluster or of another node is refused with one line (L{StateError}):
@@ -66,7 +80,10 @@ from lockservice.core.wire import formatShare, parseShare
 if TYPE_CHECKING:
     from lockservice.server.service import LockService
 
-FORMAT = b"lockservice-state 1"
+FORMAT = b"lockservice-state 2"
+# What version 0.1 wrote: read too, so an upgrade by a restart keeps the
+# saved locks.
+OLD_FORMAT = b"lockservice-state 1"
 FILENAME = "state"
 LOCKNAME = "lock"
 # How far ahead of the token just issued a recorded mark lies: one disk
@@ -93,6 +110,9 @@ class SavedLock:
     @ivar deadline: when its lease runs out, wall-clock microseconds.
     @ivar granted: when it was granted, wall-clock microseconds.
     @ivar share: C{b"1"} (exclusive), C{b"r"} or a semaphore size.
+    @ivar holder: the holder name, or None.
+    @ivar delayed: a place kept by the lock-delay (its deadline is the
+        delay's end).
     """
 
     key: bytes
@@ -100,16 +120,59 @@ class SavedLock:
     deadline: int
     granted: int
     share: bytes = b"1"
+    holder: Optional[bytes] = None
+    delayed: bool = False
 
 
 @dataclass
 class State:
+    """
+    @ivar boot: C{(boot id, CLOCK_BOOTTIME microseconds)} when the locks
+        were saved, or None when unknown.
+    """
+
     cluster: str
     node: str
     mark: int = 0
     term: int = 0
     saved: int = 0
     locks: List[SavedLock] = field(default_factory=list)
+    boot: Optional[Tuple[str, int]] = None
+
+
+BootClock = Callable[[], Optional[Tuple[str, int]]]
+
+
+def bootClock() -> Optional[Tuple[str, int]]:
+    """
+    C{(boot id, microseconds since boot)}: a clock that keeps running
+    across a process restart and is never stepped (Linux's
+    C{CLOCK_BOOTTIME} counts suspended time too); None where there is
+    none.
+    """
+    import time
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip().decode("ascii")
+        return boot, int(time.clock_gettime(time.CLOCK_BOOTTIME) * 1e6)
+    except (OSError, AttributeError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def downtime(savedWall: int, savedBoot: Optional[Tuple[str, int]], wall: int,
+             boot: Optional[Tuple[str, int]]) -> Optional[int]:
+    """
+    How long (microseconds) a node was down between a save and now, or
+    None when it cannot be known: within one boot, the boot clock says it
+    exactly; across boots (or without a boot clock) the wall clock does,
+    unless it is behind the moment of the save.
+    """
+    if savedBoot is not None and boot is not None and savedBoot[0] == boot[0]:
+        return max(0, boot[1] - savedBoot[1])
+    if wall < savedWall:
+        return None
+    return wall - savedWall
 
 
 def clusterIdentity(secret: bytes, peers: Sequence[str]) -> str:
@@ -133,11 +196,15 @@ def encode(state: State) -> bytes:
         b"mark %d" % state.mark,
         b"term %d" % state.term,
         b"saved %d" % state.saved,
+        b"boot - 0" if state.boot is None else b"boot %s %d" % (state.boot[0].encode(),
+                                                                state.boot[1]),
         b"locks %d" % len(state.locks),
     ]
     for lock in state.locks:
-        lines.append(b"L %s %d %d %d %s" % (lock.key.hex().encode(), lock.token,
-                                             lock.deadline, lock.granted, lock.share))
+        lines.append(b"L %s %d %d %d %s %s %s" % (
+            lock.key.hex().encode(), lock.token, lock.deadline, lock.granted, lock.share,
+            b"-" if lock.holder is None else lock.holder.hex().encode(),
+            b"d" if lock.delayed else b"-"))
     body = b"\n".join(lines) + b"\n"
     return body + b"sha256 " + hashlib.sha256(body).hexdigest().encode() + b"\n"
 
@@ -155,7 +222,8 @@ def decode(data: bytes, cluster: str, node: str) -> State:
     @raise StateError: anything wrong; the whole file is refused.
     """
     end = data.rfind(b"sha256 ")
-    if not data.startswith(FORMAT + b"\n"):
+    old = data.startswith(OLD_FORMAT + b"\n")
+    if not data.startswith(FORMAT + b"\n") and not old:
         first = data.split(b"\n", 1)[0][:40]
         if first.startswith(b"lockservice-state "):
             raise StateError(f"format {first[18:].decode(errors='replace')!r} is not "
@@ -167,8 +235,9 @@ def decode(data: bytes, cluster: str, node: str) -> State:
     if hashlib.sha256(body).hexdigest().encode() != digest:
         raise StateError("checksum mismatch (corrupt or truncated)")
     lines = body.split(b"\n")[:-1]
+    headers = 6 if old else 7
     try:
-        header = dict(line.split(b" ", 1) for line in lines[1:7])
+        header = dict(line.split(b" ", 1) for line in lines[1:1 + headers])
         state = State(
             cluster=header[b"cluster"].decode("ascii"),
             node="" if header[b"node"] == b"-" else header[b"node"].decode("utf-8"),
@@ -177,29 +246,39 @@ def decode(data: bytes, cluster: str, node: str) -> State:
             saved=_number(header[b"saved"], "saved time"),
         )
         count = _number(header[b"locks"], "lock count")
+        if not old:
+            bootId, bootField = header[b"boot"].split(b" ")
+            bootTime = _number(bootField, "boot time")
+            if bootId != b"-":
+                state.boot = (bootId.decode("ascii"), bootTime)
     except (KeyError, ValueError, UnicodeDecodeError):
         raise StateError("bad header") from None
     if state.cluster != cluster:
         raise StateError("belongs to another cluster (its --secret or --peers differ)")
     if state.node != node:
         raise StateError(f"belongs to node {state.node or '-'}, not {node or '-'}")
-    records = lines[7:]
+    records = lines[1 + headers:]
     if len(records) != count:
         raise StateError(f"{len(records)} lock lines, header says {count}")
     for record in records:
         fields = record.split(b" ")
-        if len(fields) != 6 or fields[0] != b"L":
+        if len(fields) != (6 if old else 8) or fields[0] != b"L":
             raise StateError(f"bad lock line {record[:60]!r}")
         try:
             key = bytes.fromhex(fields[1].decode("ascii"))
+            holder = None if old or fields[6] == b"-" else bytes.fromhex(
+                fields[6].decode("ascii"))
         except (ValueError, UnicodeDecodeError):
-            raise StateError(f"bad key in {record[:60]!r}") from None
+            raise StateError(f"bad key or holder in {record[:60]!r}") from None
         share = fields[5]
         if parseShare(share) is None:
             raise StateError(f"bad share in {record[:60]!r}")
+        if not old and fields[7] not in (b"d", b"-"):
+            raise StateError(f"bad lock-delay mark in {record[:60]!r}")
         state.locks.append(SavedLock(key, _number(fields[2], "token"),
                                      _number(fields[3], "deadline"),
-                                     _number(fields[4], "grant time"), share))
+                                     _number(fields[4], "grant time"), share, holder,
+                                     not old and fields[7] == b"d"))
     return state
 
 
@@ -316,14 +395,17 @@ class NodeState:
     log = Logger()
 
     def __init__(self, directory: StateDir, wallMicros: Callable[[], int],
-                 terms: Callable[[], int] = lambda: 0) -> None:
+                 terms: Callable[[], int] = lambda: 0, boot: BootClock = bootClock) -> None:
         """
         @param terms: the highest cluster term this node has seen (recorded
             beside the token mark).
+        @param boot: the clock that says how long the node was down (see
+            L{bootClock}).
         """
         self.directory = directory
         self.wallMicros = wallMicros
         self.terms = terms
+        self.boot = boot
         self.state = State(directory.cluster, directory.node)
         self.tokens: Optional[DurableTokens] = None
         # The highest token or term recorded before this start.
@@ -359,16 +441,27 @@ class NodeState:
             raise StateError(f"--state-dir {self.directory.path}: cannot write "
                              f"{self.directory.file}: {e.strerror}") from None
         wall = self.wallMicros()
+        down = downtime(self.state.saved, self.state.boot, wall, self.boot())
+        if saved and down is None:
+            self.log.warn(
+                "the {n} saved locks in {file} are treated as expired: the wall clock is "
+                "behind the moment they were saved and this is another boot, so how long "
+                "the node was down cannot be known", n=len(saved), file=self.directory.file)
+            return 0, len(saved)
         kept = 0
         for lock in saved:
-            # A lease runs no longer after a restart than it was granted
-            # for, even when the wall clock stepped back meanwhile.
-            remaining = min(lock.deadline - wall, lock.deadline - lock.granted) / 1e6
+            # Time left at the save, less the time down: a lease runs no
+            # longer after a restart than it was granted for, whatever the
+            # wall clock did meanwhile.
+            assert down is not None
+            left = min(lock.deadline - self.state.saved, lock.deadline - lock.granted)
+            remaining = (left - down) / 1e6
             if remaining > 0:
                 share = parseShare(lock.share)
                 assert share is not None  # decode() checked it
-                locks.installHolder(lock.key, lock.token, remaining,
-                                    max(0.0, (wall - lock.granted) / 1e6), share)
+                age = (self.state.saved - lock.granted + down) / 1e6
+                locks.installHolder(lock.key, lock.token, remaining, max(0.0, age), share,
+                                    lock.holder, lock.delayed)
                 kept += 1
         return kept, len(saved) - kept
 
@@ -415,12 +508,14 @@ class NodeState:
         if keepLocks:
             # Every grant, a shared key's each with its share (highest token
             # first, so they are installed again in the order they fit).
-            for key, token, grantedAt, expiresAt, share in locks.table.everyGrant():
+            for key, token, grantedAt, expiresAt, share, name, delayed in \
+                    locks.table.everyGrant():
                 if expiresAt > now:
                     saved.append(SavedLock(key, token, wall + int((expiresAt - now) * 1e6),
                                            wall - int((now - grantedAt) * 1e6),
-                                           formatShare(share) or b"1"))
+                                           formatShare(share) or b"1", name, delayed))
             self.state.saved = wall
+            self.state.boot = self.boot()
         self.state.locks = saved
         self.state.term = max(self.state.term, self.terms())
         self.state.mark = max(locks.table.tokens.last, self.terms())

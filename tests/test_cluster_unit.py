@@ -258,8 +258,8 @@ def following(lab: Lab, leader: int = 0) -> PeerChannel:
 def test_a_standby_applies_snapshot_and_stream_with_ages_and_term() -> None:
     lab = Lab(me=1)
     leader = following(lab)
-    lab.hear(leader, b"SNAP %d 42" % NOW_US, b"H a 7 10000000 3000000",
-             b"H b 8 20000000 0", b"SNAPEND", b"G c 9 5000000 0", b"D b 8")
+    lab.hear(leader, b"SNAP %d 42" % NOW_US, b"H a 7 10000000 3000000 1 -",
+             b"H b 8 20000000 0 1 -", b"SNAPEND", b"G c 9 5000000 0 1 -", b"D b 8")
     assert lab.cluster.role == STANDBY
     assert b"SYNCED" in lines(leader)  # the leader may forget its notes
     assert lab.cluster.term == NOW_US  # a standby shows its active's term
@@ -276,7 +276,7 @@ def test_a_forged_huge_token_or_term_changes_nothing() -> None:
     before = lab.locks.lastToken()
     top = 2**64 - 1
     lab.hear(leader, b"HB 0 active - %d" % top, b"HB %d active - 1" % top,
-             b"SNAP %d 1" % top, b"G k %d 1000 0" % top)
+             b"SNAP %d 1" % top, b"G k %d 1000 0 1 -" % top)
     assert lab.locks.lastToken() == before
     assert lab.cluster.maxTerm < top and lab.cluster.views[0].term < top
     assert dict(lab.locks.heldKeys()) == {}
@@ -289,9 +289,9 @@ def test_stream_lines_from_a_non_leader_are_ignored() -> None:
     lab = Lab(me=2)
     leader = following(lab, leader=0)
     other = lab.link(1, outbound=True)
-    lab.hear(other, b"G k 9 5000000 0")
+    lab.hear(other, b"G k 9 5000000 0 1 -")
     assert dict(lab.locks.heldKeys()) == {}
-    lab.hear(leader, b"G k 10 5000000 0")
+    lab.hear(leader, b"G k 10 5000000 0 1 -")
     lab.hear(other, b"D k 10")
     assert [(k, h.token) for k, h in lab.locks.heldKeys()] == [(b"k", 10)]
 
@@ -304,8 +304,8 @@ def test_a_run_of_changes_applies_in_order_and_skips_bad_lines() -> None:
     lab = Lab(me=1)
     leader = following(lab)
     lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND",
-             b"G a 11 5000000 0", b"D a 11", b"G a 12 5000000 0", b"D zz",
-             b"G b 13 5000000 0", b"D b 99", b"G c 14 5000000 0", b"D c 14")
+             b"G a 11 5000000 0 1 -", b"D a 11", b"G a 12 5000000 0 1 -", b"D zz",
+             b"G b 13 5000000 0 1 -", b"D b 99", b"G c 14 5000000 0 1 -", b"D c 14")
     assert sorted((k, h.token) for k, h in lab.locks.heldKeys()) == [(b"a", 12), (b"b", 13)]
 
 
@@ -424,7 +424,7 @@ def test_a_standby_acknowledges_each_read_on_receipt_and_reads_unpaced() -> None
         applied(j, channel, changes)
 
     lab.cluster.following.applyChanges = applyChanges  # type: ignore[method-assign]
-    lab.hear(leader, b"G a 11 5000000 0", b"S 7", b"G b 12 5000000 0", b"S 8")
+    lab.hear(leader, b"G a 11 5000000 0 1 -", b"S 7", b"G b 12 5000000 0 1 -", b"S 8")
     assert lines(leader) == [b"ACK 8"]
     assert acked[0] == b"ACK 8\n"
     assert sorted(k for k, _ in lab.locks.heldKeys()) == [b"a", b"b"]
@@ -452,9 +452,9 @@ def winnerHolding(lab: Lab, *keys: bytes) -> Tuple[PeerChannel, List[int], PeerC
 def test_the_winner_keeps_every_key_and_the_higher_token() -> None:
     lab = Lab()
     follower, (mine, kept), loser = winnerHolding(lab, b"both", b"kept")
-    lab.hear(loser, b"MERGE only-theirs 77 20000000 1000000",
-             b"MERGE both %d 30000000 0" % (mine + 1),
-             b"MERGE kept %d 30000000 0" % (kept - 1), b"SYNC")
+    lab.hear(loser, b"MERGE only-theirs 77 20000000 1000000 1 -",
+             b"MERGE both %d 30000000 0 1 -" % (mine + 1),
+             b"MERGE kept %d 30000000 0 1 -" % (kept - 1), b"SYNC")
     held = dict(lab.locks.heldKeys())
     assert held[b"only-theirs"].token == 77
     assert held[b"both"].token == mine + 1
@@ -475,13 +475,13 @@ def test_a_renewal_answered_on_the_losing_side_survives_the_heal() -> None:
     """
     lab = Lab()
     follower, (renewed, same), loser = winnerHolding(lab, b"renewed", b"same")
-    lab.hear(loser, b"MERGE renewed %d 900000000 5000000" % renewed,
-             b"MERGE same %d 30500000 0" % same, b"SYNC")
+    lab.hear(loser, b"MERGE renewed %d 900000000 5000000 1 -" % renewed,
+             b"MERGE same %d 30500000 0 1 -" % same, b"SYNC")
     now = lab.clock.seconds()
     assert lab.locks.table.expiresAt(b"renewed") == now + 900
     assert lab.locks.table.expiresAt(b"same") == now + 30
     changes = [line for line in lines(follower) if line.startswith(b"G ")]
-    assert changes == [b"G renewed %d 900000000 5000000" % renewed]
+    assert changes == [b"G renewed %d 900000000 5000000 1 -" % renewed]
     lab.clock.advance(31)
     assert sorted(dict(lab.locks.heldKeys())) == [b"renewed"]
 
@@ -516,11 +516,11 @@ def test_a_heal_does_not_undo_what_the_winner_released_while_cut_off() -> None:
     # The heal: the other side offers its copy, and what it granted.
     back = lab.link(1, outbound=False)
     lab.hear(back, b"OFFER 1 %d" % (NOW_US + 9),
-             b"MERGE before-cut %d 590000000 1000000" % token[b"before-cut"],
-             b"MERGE after-cut %d 590000000 1000000" % token[b"after-cut"],
-             b"MERGE kept %d 590000000 1000000" % token[b"kept"],
-             b"MERGE expiring %d 30000000 1000000" % expiring,
-             b"MERGE theirs %d 30000000 0" % (NOW_US + 10), b"SYNC")
+             b"MERGE before-cut %d 590000000 1000000 1 -" % token[b"before-cut"],
+             b"MERGE after-cut %d 590000000 1000000 1 -" % token[b"after-cut"],
+             b"MERGE kept %d 590000000 1000000 1 -" % token[b"kept"],
+             b"MERGE expiring %d 30000000 1000000 1 -" % expiring,
+             b"MERGE theirs %d 30000000 0 1 -" % (NOW_US + 10), b"SYNC")
     assert sorted(dict(lab.locks.heldKeys())) == [b"expiring", b"kept", b"theirs"]
     # Once every peer follows us again and has applied our snapshot (not
     # before: cut again mid-snapshot, it would offer its old copy again),
@@ -540,8 +540,8 @@ def test_an_offer_is_kept_in_one_run_that_skips_bad_and_forged_lines() -> None:
     lab = Lab()
     activeWithFollower(lab)
     loser = lab.link(2, outbound=False)
-    lab.hear(loser, b"MERGE a 11 20000000 0", b"MERGE b x 20000000 0", b"MERGE c 12",
-             b"MERGE d %d 20000000 0" % (2**63), b"MERGE e 13 20000000 0", b"SYNC")
+    lab.hear(loser, b"MERGE a 11 20000000 0 1 -", b"MERGE b x 20000000 0 1 -", b"MERGE c 12",
+             b"MERGE d %d 20000000 0 1 -" % (2**63), b"MERGE e 13 20000000 0 1 -", b"SYNC")
     assert sorted((k, h.token) for k, h in lab.locks.heldKeys()) == [(b"a", 11), (b"e", 13)]
     assert lab.cluster.merged == 2
 
@@ -566,13 +566,13 @@ def test_a_node_that_steps_down_offers_its_keys_before_syncing() -> None:
 def test_a_standby_that_changes_leader_says_whose_stream_its_keys_mirror() -> None:
     lab = Lab(me=2)
     old = following(lab, leader=1)
-    lab.hear(old, b"SNAP %d 1" % NOW_US, b"H k 9 30000000 0", b"SNAPEND")
+    lab.hear(old, b"SNAP %d 1" % NOW_US, b"H k 9 30000000 0 1 -", b"SNAPEND")
     new = lab.link(0, outbound=True)
     lab.hear(new, b"HB %d active - 5" % (NOW_US + 5))
     assert lab.cluster.leader == 0
     sent = lines(new)
     at = sent.index(b"OFFER 1 %d" % NOW_US)
-    assert sent[at + 1:at + 3] == [b"MERGE k 9 30000000 0", b"SYNC"]
+    assert sent[at + 1:at + 3] == [b"MERGE k 9 30000000 0 1 -", b"SYNC"]
 
 
 def test_a_standby_reads_its_old_leaders_link_up_before_it_offers_its_keys() -> None:
@@ -583,7 +583,7 @@ def test_a_standby_reads_its_old_leaders_link_up_before_it_offers_its_keys() -> 
     """
     lab = Lab(me=2)
     old = following(lab, leader=1)
-    lab.hear(old, b"SNAP %d 1" % NOW_US, b"H k 9 30000000 0", b"H kept 8 30000000 0",
+    lab.hear(old, b"SNAP %d 1" % NOW_US, b"H k 9 30000000 0 1 -", b"H kept 8 30000000 0 1 -",
              b"SNAPEND")
     unread = [b"D k 9"]
 
@@ -609,17 +609,17 @@ def test_an_offer_of_the_stream_taken_over_by_handoff_brings_back_no_released_ke
     """
     lab = Lab()
     leader = following(lab, leader=1)
-    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H kept 1 30000000 0",
-             b"G released 3 30000000 0", b"D released 3", b"SNAPEND")
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H kept 1 30000000 0 1 -",
+             b"G released 3 30000000 0 1 -", b"D released 3", b"SNAPEND")
     fromOther = lab.link(2, outbound=False)
     lab.hear(fromOther, b"HB %d standby 1 1" % NOW_US)
     lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
     assert lab.cluster.role == ACTIVE
-    lab.hear(fromOther, b"OFFER 1 %d" % NOW_US, b"MERGE kept 1 30000000 0",
-             b"MERGE released 3 30000000 0", b"SYNC")
+    lab.hear(fromOther, b"OFFER 1 %d" % NOW_US, b"MERGE kept 1 30000000 0 1 -",
+             b"MERGE released 3 30000000 0 1 -", b"SYNC")
     assert sorted(dict(lab.locks.heldKeys())) == [b"kept"]
     assert lab.cluster.merged == 0
-    lab.hear(fromOther, b"OFFER 2 %d" % (NOW_US + 2), b"MERGE theirs 4 30000000 0")
+    lab.hear(fromOther, b"OFFER 2 %d" % (NOW_US + 2), b"MERGE theirs 4 30000000 0 1 -")
     assert sorted(dict(lab.locks.heldKeys())) == [b"kept", b"theirs"]
 
 
@@ -634,7 +634,7 @@ def test_after_a_promotion_every_offer_is_merged() -> None:
     lab.cluster.eras.inheritedFrom = (0, NOW_US)  # from an earlier handoff
     lab.cluster._promote()
     fromOther = lab.link(2, outbound=False)
-    lab.hear(fromOther, b"OFFER 0 %d" % NOW_US, b"MERGE missed 3 30000000 0", b"SYNC")
+    lab.hear(fromOther, b"OFFER 0 %d" % NOW_US, b"MERGE missed 3 30000000 0 1 -", b"SYNC")
     assert sorted(dict(lab.locks.heldKeys())) == [b"missed"]
 
 
@@ -654,7 +654,7 @@ def test_the_losers_releases_stay_released_after_the_heal() -> None:
     lab.cluster.eras.inheritedFrom = (1, NOW_US)
     lab.hear(loser, b"OFFER 1 %d" % NOW_US, b"RELEASED gone %d" % gone,
              b"RELEASED waited %d" % waited, b"RELEASED other %d" % (other - 1),
-             b"MERGE gone %d 30000000 0" % gone, b"SYNC")
+             b"MERGE gone %d 30000000 0 1 -" % gone, b"SYNC")
     lab.clock.advance(0)
     held = dict(lab.locks.heldKeys())
     assert b"gone" not in held and held[b"other"].token == other
@@ -672,7 +672,7 @@ def test_a_promoted_node_brings_its_releases_of_inherited_grants_to_the_heal() -
     """
     lab = Lab(me=1)
     leader = following(lab, leader=0)
-    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H k1 5 30000000 0", b"H k2 6 30000000 0",
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H k1 5 30000000 0 1 -", b"H k2 6 30000000 0 1 -",
              b"SNAPEND")
     lab.cluster.views[0].alive = False  # stopped
     lab.cluster._promote()
@@ -685,7 +685,7 @@ def test_a_promoted_node_brings_its_releases_of_inherited_grants_to_the_heal() -
     assert lab.cluster.role == STANDBY
     sent = lines(back)
     assert sent[0].startswith(b"OFFER 1 ")
-    assert sent[1:4] == [b"RELEASED k1 5", b"MERGE k2 6 30000000 0", b"SYNC"]
+    assert sent[1:4] == [b"RELEASED k1 5", b"MERGE k2 6 30000000 0 1 -", b"SYNC"]
     assert not lab.cluster.releases.noted  # handed over
 
 
@@ -773,7 +773,7 @@ def test_an_active_that_meets_a_peer_far_ahead_steps_down_and_offers_its_keys() 
     lab.hear(ahead, b"HB %d active - %d" % (far, far))
     assert lab.cluster.role == STANDBY and not lab.cluster.serving
     sent = lines(ahead)
-    assert b"MERGE mine %d 30000000 0" % token in sent and b"SYNC" not in sent
+    assert b"MERGE mine %d 30000000 0 1 -" % token in sent and b"SYNC" not in sent
     assert lab.ask(b"A other 30 0") == b"M A other %s\n" % PEERS[1].encode()
 
 
@@ -962,7 +962,7 @@ def test_a_stopping_active_offers_the_handoff_to_a_standby_heard_lately_first() 
 def test_the_successor_takes_over_only_from_its_leader() -> None:
     lab = Lab(me=1)
     leader = following(lab)
-    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"G k 9 30000000 0", b"SNAPEND")
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"G k 9 30000000 0 1 -", b"SNAPEND")
     other = lab.link(2, outbound=True)
     lab.hear(other, b"HANDOFF %d" % (NOW_US + 5))
     assert b"REFUSED %d" % (NOW_US + 5) in lines(other)
@@ -984,7 +984,7 @@ def test_a_successor_that_just_ran_again_refuses_a_handoff_it_read_late() -> Non
     """
     lab = Lab(me=1)
     leader = following(lab)
-    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"G k 9 30000000 0", b"SNAPEND")
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"G k 9 30000000 0 1 -", b"SNAPEND")
     lab.cluster.tick()
     lab.clock.advance(2.0)  # frozen: no tick ran
     lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
@@ -1008,7 +1008,7 @@ def test_a_node_that_took_over_by_handoff_notes_its_releases_of_what_it_took_ove
     """
     lab = Lab(me=1)
     leader = following(lab)
-    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"G k 9 30000000 0", b"SNAPEND")
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"G k 9 30000000 0 1 -", b"SNAPEND")
     lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
     assert lab.cluster.role == ACTIVE
     lab.cluster.servingGate.serving = True
@@ -1042,7 +1042,7 @@ def takenOver(lab: Lab) -> Tuple[PeerChannel, PeerChannel, PeerChannel]:
     @return: node 0's links: outbound to 1, inbound from 1, inbound from 2.
     """
     leader = following(lab, leader=1)
-    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H old 1 30000000 0", b"SNAPEND")
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H old 1 30000000 0 1 -", b"SNAPEND")
     assert lab.cluster.role == STANDBY
     fromOld = lab.link(1, outbound=False)
     fromOther = lab.link(2, outbound=False)
@@ -1075,7 +1075,7 @@ def test_a_new_active_answers_no_change_until_its_live_peers_receive_its_stream(
     assert [name for name, _ in lab.log] == ["in1", "in2", "client"], lab.log
     token = granted.split()[2]
     for channel in (fromOld, fromOther):
-        assert lines(channel) == [b"G k %s 30000000 0" % token]
+        assert lines(channel) == [b"G k %s 30000000 0 1 -" % token]
 
 
 def test_a_new_active_freezes_again_when_a_subscriber_link_drops() -> None:
@@ -1151,7 +1151,7 @@ class Batches:
         self.batches: List[List[Tuple[bytes, int]]] = []
 
     def mirrored(self, now: float, changes) -> None:  # type: ignore[no-untyped-def]
-        self.batches.append([(key, token) for key, token, _, _, _ in changes])
+        self.batches.append([(key, token) for key, token, *_ in changes])
 
 
 def test_a_standby_mirrors_each_read_as_one_batch_through_the_service() -> None:
@@ -1168,8 +1168,8 @@ def test_a_standby_mirrors_each_read_as_one_batch_through_the_service() -> None:
     monitor = Monitor(lab.clock, lab.locks.table.clientOf, wallTime=lambda: 0.0)
     monitor.roleChanged(lab.clock.seconds(), lab.locks.role, [])  # as makeService wires it
     lab.locks.notify.mirrors.extend([batches, monitor])
-    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H a 7 10000000 0", b"H b 8 10000000 0",
-             b"SNAPEND", b"G c 9 5000000 0", b"D b 8")
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H a 7 10000000 0 1 -", b"H b 8 10000000 0 1 -",
+             b"SNAPEND", b"G c 9 5000000 0 1 -", b"D b 8")
     assert batches.batches == [[(b"a", 7), (b"b", 8)], [(b"c", 9), (b"b", 8)]]
     assert sorted(dict(lab.locks.heldKeys())) == [b"a", b"c"]
     assert monitor.events.since()[0] == [] and lab.locks.stats.merged == 0
@@ -1186,7 +1186,7 @@ def test_a_grant_merged_on_a_heal_is_seen_by_the_metrics_and_the_operators_view(
     lab.locks.notify.mirrors.append(monitor)
     metrics = Metrics(lab.locks, lab.cluster, monitor)
     follower, (mine,), loser = winnerHolding(lab, b"mine")
-    lab.hear(loser, b"MERGE theirs 77 120000000 1000000", b"MERGE mine %d 1 0" % (mine - 1),
+    lab.hear(loser, b"MERGE theirs 77 120000000 1000000 1 -", b"MERGE mine %d 1 0 1 -" % (mine - 1),
              b"SYNC")
     assert lab.cluster.merged == 1
     assert b"lockservice_merged_grants_total 1.0" in metrics.render()

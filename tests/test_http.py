@@ -119,11 +119,13 @@ def test_locks_says_who_holds_what(node: ProtocolNode) -> None:
              "mode": "exclusive"},
         ],
         "waiters_truncated": False,
-        # Added for shared keys (issue 22): an exclusive key's one grant.
+        # For shared keys: an exclusive key's one grant.
         "kind": "exclusive", "slots": None, "holder_count": 1, "holders_truncated": False,
         "holders": [{"token": 1_700_000_000_000_000, "holder": "alice", "mode": "exclusive",
-                     "granted_at": 1_700_000_000.0, "age_seconds": 4,
+                     "granted_at": 1_700_000_000.0, "age_seconds": 4, "delayed": False,
                      "remaining_seconds": 38, "renewals": 1, "long_hold": False}],
+        # The lock-delay: none here.
+        "delayed": False, "delay_ends_at": None, "delay_remaining_seconds": None,
     }
     assert byKey["orders/2"]["remaining_seconds"] == 6
     assert byKey["orders/2"]["waiters"] == []

@@ -42,7 +42,7 @@ class Expiries:
         self.seen: List[Tuple[bytes, float]] = []
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
-                waited: float) -> None:
+                waited: float, name: Optional[bytes] = None) -> None:
         pass
 
     def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:

@@ -226,7 +226,7 @@ class FakeService:
         self.monitor = m
         self.held = {b"k": (7, "stuck")}
 
-    def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
+    def forceRelease(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
         held = self.held.get(key)
         if held is None or held[0] != token:
             reply(b"R " + key + b" STALE\n")
@@ -615,7 +615,7 @@ def test_a_change_noted_through_the_lane_is_the_change_the_monitor_notes(
         def __init__(self, side: int) -> None:
             self.side = side
 
-        def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
+        def forceRelease(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
             holders[self.side].pop(key, None)
             fanOuts[self.side].dropped(clocks[self.side].seconds(), key, token, 0.25, False,
                                        "x")

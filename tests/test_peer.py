@@ -274,10 +274,10 @@ def test_a_stream_of_small_reads_pauses_the_dialled_link_briefly() -> None:
     stops reading for READ_PACE, then reads again; nothing is lost.
     """
     a, outbound, transport = pacedLink()
-    outbound.dataReceived(b"G k1 1 2 3\n")
+    outbound.dataReceived(b"G k1 1 2 3 1 -\n")
     assert transport.producerState == "producing"  # a lone read never pauses
     a.clock.advance(READ_PACE / 2)
-    outbound.dataReceived(b"G k2 1 2 3\n")
+    outbound.dataReceived(b"G k2 1 2 3 1 -\n")
     assert transport.producerState == "paused"
     a.clock.advance(READ_PACE)
     assert transport.producerState == "producing"
@@ -293,7 +293,7 @@ def test_heartbeats_and_big_reads_never_pause() -> None:
         a.clock.advance(0.1)
         outbound.dataReceived(b"HB 1 active 1 5\n")
         assert transport.producerState == "producing"
-    big = b"H k 1 2 3\n" * (PACE_READS_BELOW // 10 + 1)
+    big = b"H k 1 2 3 1 -\n" * (PACE_READS_BELOW // 10 + 1)
     for _ in range(3):  # a snapshot or a backlog: read as fast as it comes
         outbound.dataReceived(big)
         assert transport.producerState == "producing"
@@ -312,14 +312,14 @@ def test_catching_up_ends_a_pause_at_once() -> None:
     ends now, and reads during the catch-up do not start a new one.
     """
     a, outbound, transport = pacedLink()
-    outbound.dataReceived(b"G k1 1 2 3\n")
-    outbound.dataReceived(b"G k2 1 2 3\n")
+    outbound.dataReceived(b"G k1 1 2 3 1 -\n")
+    outbound.dataReceived(b"G k2 1 2 3 1 -\n")
     assert transport.producerState == "paused"
     outbound.catchUp()
     assert transport.producerState == "producing"
     assert not [c for c in a.clock.getDelayedCalls() if c.active()]
     outbound._catchingUp = True  # as while readWaiting delivers
-    outbound.dataReceived(b"G k3 1 2 3\n")
+    outbound.dataReceived(b"G k3 1 2 3 1 -\n")
     assert transport.producerState == "producing"
 
 
@@ -327,8 +327,8 @@ def test_a_link_lost_while_paused_does_not_resume() -> None:
     a, b = Owner(0), Owner(1)
     outbound, _, _ = dial(a, b)
     a.clock.advance(1)
-    outbound.dataReceived(b"G k1 1 2 3\n")
-    outbound.dataReceived(b"G k2 1 2 3\n")
+    outbound.dataReceived(b"G k1 1 2 3 1 -\n")
+    outbound.dataReceived(b"G k2 1 2 3 1 -\n")
     assert a.clock.getDelayedCalls()
     from twisted.internet.error import ConnectionDone
     from twisted.python.failure import Failure

@@ -66,54 +66,59 @@ def test_changes_round_trip_in_order() -> None:
     now = 100.0
     lines = [peerwire.grantLine(b"a", 11, 5_000_000, 1_000_000),
              peerwire.dropLine(b"a", 11),
-             peerwire.HELD_LINE % (b"b", 12, 2_000_000, 0),
-             peerwire.grantLine(b"r", 13, 3_000_000, 0, READ)]
+             peerwire.HELD_LINE % (b"b", 12, 2_000_000, 0, b"web#1"),
+             peerwire.grantLine(b"r", 13, 3_000_000, 0, READ, b"reader"),
+             peerwire.grantLine(b"p", 14, 4_000_000, 0, 3, None, delayed=True)]
     parsed = peerwire.parseChanges([line.rstrip(b"\n") for line in lines], now, 10**6)
     assert parsed.malformed == [] and parsed.implausible == []
-    assert parsed.changes == [(b"a", 11, 99.0, 105.0, EXCLUSIVE),
-                              (b"a", 11, 0.0, None, EXCLUSIVE),
-                              (b"b", 12, 100.0, 102.0, EXCLUSIVE),
-                              (b"r", 13, 100.0, 103.0, READ)]
+    assert parsed.changes == [(b"a", 11, 99.0, 105.0, EXCLUSIVE, None, False),
+                              (b"a", 11, 0.0, None, EXCLUSIVE, None, False),
+                              (b"b", 12, 100.0, 102.0, EXCLUSIVE, b"web#1", False),
+                              (b"r", 13, 100.0, 103.0, READ, b"reader", False),
+                              (b"p", 14, 100.0, 104.0, 3, None, True)]
+    assert lines[4] == b"G p 14 4000000 0 3 - d\n"
 
 
 def test_malformed_and_implausible_changes_are_left_out() -> None:
     parsed = peerwire.parseChanges(
-        [b"G a x 1 0", b"G b 1", b"D", b"G c 2 1 0 zz", b"G d 999 1 0", b"D d 999",
-         b"G e 3 1000000 0\r"], 0.0, 100)
+        [b"G a x 1 0 1 -", b"G b 1", b"D", b"G c 2 1 0 zz -", b"G d 999 1 0 1 -", b"D d 999",
+         b"G e 3 1000000 0 1 -\r", b"G f 4 1 0 1", b"G g 5 1 0 1 - x"], 0.0, 100)
     assert [f[0:2] for f in parsed.malformed] == [[b"G", b"a"], [b"G", b"b"], [b"D"],
-                                                  [b"G", b"c"]]
+                                                  [b"G", b"c"], [b"G", b"f"], [b"G", b"g"]]
     assert parsed.implausible == [999]
     # A drop is kept whatever its token: it ends nothing we rely on.
-    assert parsed.changes == [(b"d", 999, 0.0, None, EXCLUSIVE), (b"e", 3, 0.0, 1.0, EXCLUSIVE)]
+    assert parsed.changes == [(b"d", 999, 0.0, None, EXCLUSIVE, None, False),
+                              (b"e", 3, 0.0, 1.0, EXCLUSIVE, None, False)]
 
 
 def test_an_offer_round_trips() -> None:
     data = peerwire.offerLines((1, 77), [(b"gone", 5)],
-                               [(b"k", 9, 30_000_000, 1_000_000, None),
-                                (b"r", 10, 20_000_000, 0, b"r")])
+                               [(b"k", 9, 30_000_000, 1_000_000, EXCLUSIVE, b"me", False),
+                                (b"r", 10, 20_000_000, 0, READ, None, True)])
     lines = data.rstrip(b"\n").split(b"\n")
     assert peerwire.parseOffer(fields(lines[0])) == (1, 77)
     offered = [peerwire.parseOffered(line) for line in lines[1:]]
-    assert offered == [(True, b"gone", 5, 0.0, 0.0, EXCLUSIVE),
-                       (False, b"k", 9, 30.0, 1.0, EXCLUSIVE),
-                       (False, b"r", 10, 20.0, 0.0, READ)]
+    assert offered == [(True, b"gone", 5, 0.0, 0.0, EXCLUSIVE, None, False),
+                       (False, b"k", 9, 30.0, 1.0, EXCLUSIVE, b"me", False),
+                       (False, b"r", 10, 20.0, 0.0, READ, None, True)]
     assert peerwire.offerLines((1, 77), [], []) == b""
 
 
-@pytest.mark.parametrize("line", [b"MERGE k", b"MERGE k x 1 0", b"MERGE k 1 2",
-                                  b"MERGE k 1 2 3 zz", b"RELEASED k"])
+@pytest.mark.parametrize("line", [b"MERGE k", b"MERGE k x 1 0 1 -", b"MERGE k 1 2",
+                                  b"MERGE k 1 2 3 zz -", b"MERGE k 1 2 3 1", b"RELEASED k",
+                                  b"MERGE k 1 2 3 1 - e"])
 def test_malformed_offered_lines(line: bytes) -> None:
     with pytest.raises(Malformed):
         peerwire.parseOffered(line)
 
 
 def test_shared_lines_carry_their_share() -> None:
-    lines = peerwire.sharedLines(b"H", b"r", [(9, 99.0, 130.0, READ)], 100.0)
-    assert lines == [b"H r 9 30000000 1000000 r"]
-    assert peerwire.shareField(fields(lines[0])) == READ
-    assert peerwire.shareField(fields(b"H k 9 1 0")) == EXCLUSIVE
+    lines = peerwire.sharedLines(b"H", b"r", [(9, 99.0, 130.0, READ, b"x", False)], 100.0)
+    assert lines == [b"H r 9 30000000 1000000 r x"]
+    assert peerwire.grantFields(fields(lines[0])) == (READ, b"x", False)
+    assert peerwire.grantFields(fields(b"H k 9 1 0 1 - d")) == (EXCLUSIVE, None, True)
     with pytest.raises(Malformed):
-        peerwire.shareField(fields(b"H k 9 1 0 zz"))
+        peerwire.grantFields(fields(b"H k 9 1 0 zz -"))
 
 
 def test_the_handshake_lines() -> None:

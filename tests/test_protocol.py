@@ -517,7 +517,7 @@ class Recorder:
         self.events: List[tuple] = []
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
-                waited: float) -> None:
+                waited: float, name: Optional[bytes] = None) -> None:
         self.events.append(("granted", key, token, grantedAt, expiresAt))
 
     def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
@@ -621,7 +621,7 @@ class Exploding(Recorder):
         self.armed = True
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
-                waited: float) -> None:
+                waited: float, name: Optional[bytes] = None) -> None:
         if self.armed and waited > 0:
             raise RuntimeError("boom")
 

@@ -207,7 +207,8 @@ def test_replication_installs_and_drops_shared_grants() -> None:
     table.install(b"k", 10, 0.0, 30.0, READ)
     table.install(b"k", 11, 0.0, 20.0, READ)
     assert table.holderCount(b"k") == 2 and table.tokenOf(b"k") == 11
-    assert table.sharedGrantsOf(b"k") == [(11, 0.0, 20.0, READ), (10, 0.0, 30.0, READ)]
+    assert table.sharedGrantsOf(b"k") == [(11, 0.0, 20.0, READ, None, False),
+                                          (10, 0.0, 30.0, READ, None, False)]
     table.install(b"k", 11, 0.0, 40.0, READ)  # a renewal
     assert table.tokenOf(b"k") == 10
     table.drop(b"k", 10)
@@ -476,20 +477,22 @@ def test_mirrorAll_is_install_and_drop_one_by_one(lines: List[Tuple[bytes, int, 
     same changes installed and dropped one at a time, whatever they are:
     new keys, re-grants, renewals, shared grants, drops of tokens not held.
     """
-    changes = [(key, token, float(t), None if dropped else float(t + 30), share)
+    changes = [(key, token, float(t), None if dropped else float(t + 30), share,
+                b"n%d" % token, False)
                for key, token, dropped, share, t in lines]
     one, batch = makeTable(), makeTable()
-    for key, token, grantedAt, expiresAt, share in changes:
+    for key, token, grantedAt, expiresAt, share, name, delayed in changes:
         if expiresAt is None:
             one.drop(key, token)
         else:
-            one.install(key, token, grantedAt, expiresAt, share)
+            one.install(key, token, grantedAt, expiresAt, share, name, delayed)
     batch.mirrorAll(changes)
     assert _mirrorState(batch) == _mirrorState(one)
     # And a later batch lands on the slots freed by the first as well.
-    again = [(key, token + 20, 9.0, 40.0, EXCLUSIVE) for key, token, *_ in changes[:5]]
+    again = [(key, token + 20, 9.0, 40.0, EXCLUSIVE, None, False)
+             for key, token, *_ in changes[:5]]
     one2 = one
-    for key, token, grantedAt, expiresAt, share in again:
-        one2.install(key, token, grantedAt, expiresAt, share)
+    for key, token, grantedAt, expiresAt, share, name, delayed in again:
+        one2.install(key, token, grantedAt, expiresAt, share, name, delayed)
     batch.mirrorAll(again)
     assert _mirrorState(batch) == _mirrorState(one2)

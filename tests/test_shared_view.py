@@ -64,11 +64,13 @@ def test_a_read_lock_shows_every_reader_and_each_waiters_mode(node: ProtocolNode
         "kind": "read-write", "slots": None, "holder_count": 2, "holders_truncated": False,
         "holders": [
             {"token": T0, "holder": "r1", "mode": "reader", "granted_at": 1_700_000_000.0,
-             "age_seconds": 3, "remaining_seconds": 27, "renewals": 0, "long_hold": False},
+             "age_seconds": 3, "remaining_seconds": 27, "renewals": 0, "long_hold": False,
+             "delayed": False},
             {"token": T0 + 1, "holder": "r2", "mode": "reader",
              "granted_at": 1_700_000_001.0, "age_seconds": 2, "remaining_seconds": 18,
-             "renewals": 0, "long_hold": False},
+             "renewals": 0, "long_hold": False, "delayed": False},
         ],
+        "delayed": False, "delay_ends_at": None, "delay_remaining_seconds": None,
     }
     data = status(stub)
     assert (data["held_keys"], data["shared_grants"], data["waiters"]) == (1, 2, 2)

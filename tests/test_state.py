@@ -6,7 +6,7 @@ writes, the token high-water mark and the saved locks.
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import Any, List
 
 import pytest
 from twisted.internet.task import Clock
@@ -25,6 +25,7 @@ from lockservice.state import (
     clockBehind,
     clusterIdentity,
     decode,
+    downtime,
     encode,
 )
 
@@ -85,7 +86,7 @@ def test_foreign_state_is_refused(cluster: str, node: str, message: str) -> None
 
 
 def test_another_format_version_and_other_files_are_refused() -> None:
-    data = encode(sample()).replace(b"lockservice-state 1", b"lockservice-state 2", 1)
+    data = encode(sample()).replace(b"lockservice-state 2", b"lockservice-state 3", 1)
     with pytest.raises(StateError, match="another version"):
         decode(data, CLUSTER, "a:1")
     with pytest.raises(StateError, match="not a lockservice state file"):
@@ -111,8 +112,11 @@ def test_a_well_checksummed_but_bad_body_is_refused() -> None:
         (b"mark 1796162733994761", b"mark -1", "bad mark"),
             (b"term ", b"turn ", "bad header"),
         (b"mark 1796162733994761", b"mark 99999999999999999999", "bad mark"),
-        (b" r\n", b" w\n", "bad share"),
+        (b" r - -\n", b" w - -\n", "bad share"),
         (b"L 6f72", b"L zz72", "bad key"),
+        (b" r - -\n", b" r - x\n", "bad lock-delay mark"),
+        (b" r - -\n", b" r zz -\n", "bad key or holder"),
+        (b"boot - 0", b"boot - x", "bad boot time"),
     ]:
         with pytest.raises(StateError, match=why):
             decode(signed(body.replace(old, new, 1)), CLUSTER, "a:1")
@@ -187,10 +191,93 @@ def test_a_refused_file_is_named_in_one_line(tmp_path) -> None:  # type: ignore[
 
 # -- a node's state: marks, saved locks ------------------------------------------------
 
-def _node(tmp_path, now: List[int], clock: Clock):  # type: ignore[no-untyped-def]
+def _node(tmp_path, now: List[int], clock: Clock,  # type: ignore[no-untyped-def]
+          boot: Any = None):
+    """
+    A node whose wall clock reads C{now[0]}; its boot clock runs with it
+    (one boot) unless C{boot} says otherwise.
+    """
     locks = LockService(clock, lambda: now[0])
-    state = NodeState(StateDir(str(tmp_path), CLUSTER, "a:1"), lambda: now[0])
+    if boot is None:
+        boot = lambda: ("boot-1", now[0])  # noqa: E731
+    state = NodeState(StateDir(str(tmp_path), CLUSTER, "a:1"), lambda: now[0], boot=boot)
     return locks, state
+
+
+def test_downtime_within_one_boot_ignores_the_wall_clock() -> None:
+    # Same boot: the boot clock says 4 s, whatever the wall clock did.
+    assert downtime(100_000_000, ("b", 50_000_000), 100_000_000 - 3600_000_000,
+                    ("b", 54_000_000)) == 4_000_000
+    # Another boot: the wall clock, when it is not behind the save.
+    assert downtime(100_000_000, ("b", 50_000_000), 107_000_000, ("c", 1)) == 7_000_000
+    # Another boot and a wall clock behind the save: unknown.
+    assert downtime(100_000_000, ("b", 50_000_000), 99_000_000, ("c", 1)) is None
+    assert downtime(100_000_000, None, 99_000_000, None) is None
+
+
+def test_a_lease_that_ran_out_while_down_stays_expired_after_a_wall_clock_step(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    Granted 3 s, down 4 s, started with the wall clock an hour behind: on
+    the same boot the boot clock says 4 s went by, so the lease is gone
+    (the wall clock alone would have brought it back).
+    """
+    now, booted = [5_000_000_000_000], [1_000_000_000]
+    boot = lambda: ("boot-1", booted[0])  # noqa: E731
+    locks, state = _node(tmp_path, now, Clock(), boot)
+    state.start(locks)
+    locks.installHolder(b"k", 11, 3.0)
+    locks.installHolder(b"long", 12, 60.0)
+    assert state.stopped(locks, keepLocks=True) == 2
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    booted[0] += 4_000_000
+    now[0] -= 3600 * 1_000_000
+    locks, state = _node(tmp_path, now, Clock(), boot)
+    assert state.start(locks) == (1, 1)
+    assert locks.table.tokenOf(b"k") is None
+    assert locks.table.expiresAt(b"long") == pytest.approx(56.0)
+
+
+def test_after_a_reboot_with_the_wall_clock_behind_every_saved_lease_is_expired(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    now = [5_000_000_000_000]
+    locks, state = _node(tmp_path, now, Clock(), lambda: ("boot-1", 7))
+    state.start(locks)
+    locks.installHolder(b"long", 12, 600.0)
+    assert state.stopped(locks, keepLocks=True) == 1
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    now[0] -= 10 * 1_000_000
+    locks, state = _node(tmp_path, now, Clock(), lambda: ("boot-2", 3))
+    assert state.start(locks) == (0, 1)
+    assert len(locks.table) == 0
+
+
+def test_holder_names_and_lock_delay_places_survive_a_restart(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    now = [5_000_000_000_000]
+    locks, state = _node(tmp_path, now, Clock())
+    state.start(locks)
+    locks.installHolder(b"named", 11, 30.0, name=b"billing#1")
+    locks.installHolder(b"delayed", 12, 8.0, name=b"x", delayed=True)
+    assert state.stopped(locks, keepLocks=True) == 2
+    os.close(state.directory._lock)  # type: ignore[arg-type]
+    now[0] += 2_000_000
+    locks, state = _node(tmp_path, now, Clock())
+    assert state.start(locks) == (2, 0)
+    assert locks.table.newest(b"named") == (11, b"billing#1")
+    assert locks.table.newest(b"delayed") == (0, None)  # a place, not a grant
+    assert locks.table.delayedUntil(b"delayed") == pytest.approx(6.0)
+
+
+def test_a_format_1_file_of_the_previous_version_is_read() -> None:
+    import hashlib
+
+    body = (b"lockservice-state 1\ncluster " + CLUSTER.encode() + b"\nnode a:1\nmark 5\n"
+            b"term 0\nsaved 100\nlocks 1\nL 6b 7 200 50 r\n")
+    data = body + b"sha256 " + hashlib.sha256(body).hexdigest().encode() + b"\n"
+    state = decode(data, CLUSTER, "a:1")
+    assert state.boot is None and state.saved == 100
+    assert state.locks == [SavedLock(b"k", 7, 200, 50, b"r")]
 
 
 def test_tokens_rise_across_a_restart_with_the_clock_behind(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -372,6 +459,6 @@ def test_shared_grants_survive_a_restart_with_their_share(tmp_path) -> None:  # 
     locks, state = _node(tmp_path, now, Clock())
     assert state.start(locks) == (4, 1)
     grants = sorted(locks.table.everyGrant(), key=lambda g: g[1])
-    assert [(key, token, share) for key, token, _, _, share in grants] == [
+    assert [(key, token, share) for key, token, _, _, share, _, _ in grants] == [
         (b"doc", 11, READ), (b"doc", 12, READ), (b"pool", 13, 3), (b"solo", 15, EXCLUSIVE)]
-    assert [expires for _, _, _, expires, _ in grants] == pytest.approx([20.0, 10.0, 20.0, 20.0])
+    assert [expires for _, _, _, expires, *_ in grants] == pytest.approx([20.0, 10.0, 20.0, 20.0])

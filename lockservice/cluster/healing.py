@@ -24,7 +24,6 @@ from lockservice.cluster.replication import Stream
 from lockservice.cluster.terms import Eras
 from lockservice.core.election import ACTIVE, PeerView
 from lockservice.core.table import EXCLUSIVE, LockTable, fitTogether
-from lockservice.core.wire import formatShare
 from lockservice.server.service import LockService
 
 
@@ -40,15 +39,15 @@ def mergeShared(table: LockTable, now: float, key: bytes, offered: peerwire.Offe
     """
     token = offered.token
     ours = table.sharedGrantsOf(key)
-    for held, _, expiresAt, _ in ours:
+    for held, _, expiresAt, *_ in ours:
         if held == token:
             # The same grant on both sides: the later deadline wins (a
             # renewal answered there), as for an exclusive grant.
             return now + offered.remaining > expiresAt + merging.RENEWAL_SLACK, []
-    kept = set(fitTogether([(held, s) for held, _, _, s in ours] + [(token, offered.share)]))
+    kept = set(fitTogether([(held, s) for held, _, _, s, *_ in ours] + [(token, offered.share)]))
     if token not in kept:
         return False, []
-    return True, [held for held, _, _, _ in ours if held not in kept]
+    return True, [held for held, *_ in ours if held not in kept]
 
 
 class Healing:
@@ -84,9 +83,9 @@ class Healing:
         if origin is None:
             return
         now = self.clock.seconds()
-        grants = [(key, token, micros(expiresAt - now), micros(now - grantedAt),
-                   None if share == EXCLUSIVE else formatShare(share))
-                  for key, token, grantedAt, expiresAt, share
+        grants = [(key, token, micros(expiresAt - now), micros(now - grantedAt), share, name,
+                   delayed)
+                  for key, token, grantedAt, expiresAt, share, name, delayed
                   in self.locks.table.everyGrant()]
         notes = list(self.releases.notes())
         data = peerwire.offerLines(origin, notes, grants)
@@ -168,7 +167,7 @@ class Healing:
             grant = grantOf(key)
             if offered.released:
                 if table.isShared(key):
-                    releasedThere = table.holdingOf(key, token) is not None
+                    releasedThere = table.placeOf(key, token) is not None
                 else:
                     releasedThere = merging.releasedThere(
                         None if grant is None else grant[0], token)
@@ -178,7 +177,10 @@ class Healing:
                         batch, keys = [], set()
                     self.releaseMerged(key, token)
                 continue
-            shared = offered.share != EXCLUSIVE or table.isShared(key)
+            # A place kept by the lock-delay (offered, or held here) takes
+            # part as one of several grants would.
+            shared = (offered.share != EXCLUSIVE or offered.delayed or table.isShared(key)
+                      or table.delayedUntil(key) is not None)
             if stale or (not shared and grant is not None and grant[0] > token):
                 continue  # the higher token wins
             if token > limit:
@@ -190,14 +192,15 @@ class Healing:
                 if releasedHere(key, token):
                     continue
                 kept, pushedOut = mergeShared(table, now, key, offered)
-                batch.extend((key, out, 0.0, None, EXCLUSIVE) for out in pushedOut)
+                batch.extend((key, out, 0.0, None, EXCLUSIVE, None, False) for out in pushedOut)
                 if not kept:
                     continue
             elif decide(None if grant is None else (grant[0], grant[2]), token,
                         now + remaining, releasedHere(key, token)) == merging.KEEP:
                 continue
             keys.add(key)
-            batch.append((key, token, now - age, now + remaining, offered.share))
+            batch.append((key, token, now - age, now + remaining, offered.share, offered.name,
+                          offered.delayed))
         if batch:
             locks.mirror(batch)
 
@@ -209,7 +212,7 @@ class Healing:
         dropped, and a key with waiters is released when we serve.
         """
         if self.locks.role == ACTIVE:
-            self.locks.release(key, token, lambda answer: None)
+            self.locks.endGrant(key, token)
             return
         self.locks.dropHolder(key, token)
         if self.locks.table.tokenOf(key) == token:

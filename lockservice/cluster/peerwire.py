@@ -15,14 +15,14 @@ then, once authenticated:
     SYNC                                    follower -> leader: send state, then stream
     OFFER <leader> <term>                   follower -> leader, before SYNC, on a heal:
     RELEASED <key> <token>                  what the follower holds and released
-    MERGE <key> <token> <remaining_us> <age_us> [<share>]
+    MERGE <key> <token> <remaining_us> <age_us> <share> <holder> [d]
                                             (see L{lockservice.cluster.merge})
     SNAP <term> <last_token>                leader -> follower: a snapshot begins
-    H <key> <token> <remaining_us> <age_us> [<share>]
+    H <key> <token> <remaining_us> <age_us> <share> <holder> [d]
                                             one held grant of the snapshot
     SNAPEND                                 the snapshot is complete
     SYNCED                                  follower -> leader: it applied the snapshot
-    G <key> <token> <remaining_us> <age_us> [<share>]
+    G <key> <token> <remaining_us> <age_us> <share> <holder> [d]
                                             a grant or a renewal (live stream)
     D <key> <token>                         a release or an expiry (live stream)
     S <position>                            --replication ack: the stream up to here
@@ -30,11 +30,13 @@ then, once authenticated:
     HANDOFF <term>                          old active -> successor
     TAKEN <term> | REFUSED <term>           successor -> old active
 
-A shared key's grant carries its share as on the client wire (C{r}, or
-the semaphore's slots) in a sixth field; an exclusive grant's line has
-none.  A shared key's grants go highest token first, so that a heal that
-reads them one by one keeps what L{lockservice.core.table.fitTogether}
-keeps of them all.
+A grant carries its share as on the client wire (C{1} for an exclusive
+grant, C{r}, or the semaphore's slots) and its holder name (the C{I} name
+its connection had when it was granted, C{-} for none).  A place kept by
+the lock-delay after its grant expired ends with C{d}: its remaining time
+is then the delay's.  A shared key's grants go highest token first, so
+that a heal that reads them one by one keeps what
+L{lockservice.core.table.fitTogether} keeps of them all.
 
 Parsers raise L{Malformed} (a C{ValueError}) on a line they cannot read.
 The hot paths (a snapshot of a million keys, a busy stream) use the line
@@ -48,7 +50,8 @@ from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from lockservice.core.election import ROLES, SYNCING
 from lockservice.core.table import EXCLUSIVE
-from lockservice.core.wire import formatShare, parseShare
+from lockservice.core.table import Change as TableChange
+from lockservice.core.wire import parseShare
 
 HELLO = b"HELLO"
 CHALLENGE = b"CHALLENGE"
@@ -81,16 +84,18 @@ CHANGES = (b"H ", b"G ", b"D ")
 OFFERED = (b"MERGE ", b"RELEAS")
 
 # Formats of the hot paths (one % per line, no call): an exclusive grant's
-# H/G line and a drop, each with its newline.
-HELD_LINE = b"H %s %d %d %d\n"
-GRANT_LINE = b"G %s %d %d %d\n"
-SHARED_GRANT_LINE = b"G %s %d %d %d %s\n"
+# H/G line (key, token, remaining, age, holder) and a drop, each with its
+# newline.
+HELD_LINE = b"H %s %d %d %d 1 %s\n"
+GRANT_LINE = b"G %s %d %d %d 1 %s\n"
 DROP_LINE = b"D %s %d\n"
+# The holder field of a grant made on a connection that never sent C{I}.
+NO_HOLDER = b"-"
+# The last field of a place kept by the lock-delay.
+DELAYED = b"d"
 
-# One change parsed from H/G/D lines: (key, token, grantedAt, expiresAt,
-# share) for a grant, expiresAt None for a drop (see
-# L{lockservice.server.mirror.Change}).
-Change = Tuple[bytes, int, float, Optional[float], int]
+# One change parsed from H/G/D lines (see L{lockservice.core.table.Change}).
+Change = TableChange
 
 
 class Malformed(ValueError):
@@ -176,15 +181,20 @@ def parseSnapshotBegins(fields: Sequence[bytes]) -> Tuple[int, int]:
     return _ints(fields, 2)  # type: ignore[return-value]
 
 
+def _shareText(share: int) -> bytes:
+    return b"r" if share == 0 else b"%d" % share
+
+
 def grantLine(key: bytes, token: int, remaining: int, age: int, share: int = EXCLUSIVE,
+              name: Optional[bytes] = None, delayed: bool = False,
               kind: bytes = GRANT) -> bytes:
     """
     A C{G} (or, as C{kind}, C{H} or C{MERGE}) line with its newline:
     C{remaining} and C{age} in microseconds.
     """
-    if share == EXCLUSIVE:
-        return b"%s %s %d %d %d\n" % (kind, key, token, remaining, age)
-    return b"%s %s %d %d %d %s\n" % (kind, key, token, remaining, age, formatShare(share))
+    line = b"%s %s %d %d %d %s %s" % (kind, key, token, remaining, age, _shareText(share),
+                                      name or NO_HOLDER)
+    return line + b" d\n" if delayed else line + b"\n"
 
 
 def dropLine(key: bytes, token: int) -> bytes:
@@ -192,28 +202,31 @@ def dropLine(key: bytes, token: int) -> bytes:
 
 
 def sharedLines(kind: bytes, key: bytes,
-                grants: Iterable[Tuple[int, float, float, int]], now: float) -> List[bytes]:
+                grants: Iterable[Tuple[int, float, float, int, Optional[bytes], bool]],
+                now: float) -> List[bytes]:
     """
-    The C{kind} (H, MERGE) lines, without newlines, of every grant of a
-    shared C{key}, as (token, grantedAt, expiresAt, share), highest first.
+    The C{kind} (H, MERGE) lines, without newlines, of every grant of
+    C{key}, as (token, grantedAt, expiresAt, share, name, delayed),
+    highest first.
     """
-    return [b"%s %s %d %d %d %s" % (kind, key, token, micros(expiresAt - now),
-                                    micros(now - grantedAt), formatShare(share))
-            for token, grantedAt, expiresAt, share in grants]
+    return [grantLine(key, token, micros(expiresAt - now), micros(now - grantedAt), share,
+                      name, delayed, kind)[:-1]
+            for token, grantedAt, expiresAt, share, name, delayed in grants]
 
 
-def shareField(fields: Sequence[bytes]) -> int:
+def grantFields(fields: Sequence[bytes]) -> Tuple[int, Optional[bytes], bool]:
     """
-    The share of a G/H/MERGE line (EXCLUSIVE without a sixth field).
+    The share, holder name and lock-delay mark of a G/H/MERGE line.
 
-    @raise Malformed: a malformed share.
+    @raise Malformed: a malformed share, or missing fields.
     """
-    if len(fields) < 6:
-        return EXCLUSIVE
+    if len(fields) not in (7, 8) or (len(fields) == 8 and fields[7] != DELAYED):
+        raise Malformed(fields[:8])
     share = parseShare(fields[5])
     if share is None:
         raise Malformed(fields[5])
-    return share
+    name = fields[6]
+    return share, (None if name == NO_HOLDER else name), len(fields) == 8
 
 
 class Changes(NamedTuple):
@@ -247,24 +260,25 @@ def parseChanges(lines: Iterable[bytes], now: float, limit: int) -> Changes:
         try:
             key, token = fields[1], int(fields[2])
             if fields[0] == b"D":
-                append((key, token, 0.0, None, EXCLUSIVE))
+                append((key, token, 0.0, None, EXCLUSIVE, None, False))
                 continue
             expiresAt = now + int(fields[3]) / 1e6
             grantedAt = now - int(fields[4]) / 1e6
-            if len(fields) < 6:  # shareField, inline: this is every line
-                share = EXCLUSIVE
+            if len(fields) == 7 and fields[5] == b"1":
+                # An exclusive grant (grantFields, inline: every line).
+                name: Optional[bytes] = fields[6]
+                share, delayed = EXCLUSIVE, False
+                if name == NO_HOLDER:
+                    name = None
             else:
-                parsed = parseShare(fields[5])
-                if parsed is None:
-                    raise ValueError(fields[5])
-                share = parsed
+                share, name, delayed = grantFields(fields)
         except (IndexError, ValueError):
-            malformed.append(fields[:6])
+            malformed.append(fields[:8])
             continue
         if token > limit:
             implausible.append(token)
             continue
-        append((key, token, grantedAt, expiresAt, share))
+        append((key, token, grantedAt, expiresAt, share, name, delayed))
     return Changes(changes, malformed, implausible)
 
 
@@ -321,18 +335,19 @@ def parseTerm(fields: Sequence[bytes]) -> int:
 
 
 def offerLines(origin: Tuple[int, int], released: Iterable[Tuple[bytes, int]],
-               grants: Iterable[Tuple[bytes, int, int, int, Optional[bytes]]]) -> bytes:
+               grants: Iterable[Tuple[bytes, int, int, int, int, Optional[bytes], bool]]
+               ) -> bytes:
     """
     The offer, as written on the link (empty when there is nothing to offer).
 
     @param origin: the (leader, term) whose stream the lines mirror.
     @param released: (key, token) of each release note.
-    @param grants: (key, token, remaining_us, age_us, share) of each held
-        grant; share is None for an exclusive grant (no sixth field).
+    @param grants: (key, token, remaining_us, age_us, share, name, delayed)
+        of each held grant or place kept by the lock-delay.
     """
     lines = [b"RELEASED %s %d" % note for note in released]
-    lines.extend(b"MERGE %s %d %d %d" % grant[:4] if grant[4] is None
-                 else b"MERGE %s %d %d %d %s" % grant for grant in grants)
+    lines.extend(grantLine(key, token, remaining, age, share, name, delayed, MERGE)[:-1]
+                 for key, token, remaining, age, share, name, delayed in grants)
     if not lines:
         return b""
     return b"OFFER %d %d\n" % origin + b"\n".join(lines) + b"\n"
@@ -357,6 +372,8 @@ class Offered(NamedTuple):
     remaining: float
     age: float
     share: int
+    name: Optional[bytes] = None
+    delayed: bool = False
 
 
 def parseOffered(line: bytes) -> Offered:
@@ -365,10 +382,11 @@ def parseOffered(line: bytes) -> Offered:
         key, token = fields[1], int(fields[2])
         if fields[0] == RELEASED:
             return Offered(True, key, token, 0.0, 0.0, EXCLUSIVE)
+        share, name, delayed = grantFields(fields)
         return Offered(False, key, token, int(fields[3]) / 1e6, int(fields[4]) / 1e6,
-                       shareField(fields))
+                       share, name, delayed)
     except (IndexError, ValueError) as e:
-        raise Malformed(fields[:6]) from e
+        raise Malformed(fields[:8]) from e
 
 
 def _ints(fields: Sequence[bytes], count: int) -> Tuple[int, ...]:

@@ -38,14 +38,13 @@ from lockservice.cluster.peerwire import (
     DROP_LINE,
     GRANT_LINE,
     HELD_LINE,
-    SHARED_GRANT_LINE,
+    NO_HOLDER,
     Change,
     micros,
 )
 from lockservice.cluster.released import Releases
 from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.table import EXCLUSIVE
-from lockservice.core.wire import formatShare
 from lockservice.internals import flushToKernel, sendNow
 from lockservice.server.service import LockService
 
@@ -88,20 +87,19 @@ class SnapshotProducer:
         # The keys were copied at the start; each one's grant is read now
         # (it may have ended or changed since).
         table = stream.locks.table
-        grantOf = table.grantOf
+        plainGrantOf = table.plainGrantOf
         now = stream.clock.seconds()
         lines: List[bytes] = []
         end = self.index + SNAPSHOT_CHUNK
         for key in self.keys[self.index:end]:
-            if table.isShared(key):
+            grant = plainGrantOf(key)
+            if grant is not None:
+                token, grantedAt, expiresAt, name = grant
+                lines.append(HELD_LINE % (key, token, micros(expiresAt - now),
+                                          micros(now - grantedAt), name or NO_HOLDER))
+            elif key in table:  # shared, or a place kept by the lock-delay
                 lines.append(b"\n".join(peerwire.sharedLines(
                     b"H", key, table.sharedGrantsOf(key), now)) + b"\n")
-                continue
-            grant = grantOf(key)
-            if grant is not None:
-                token, grantedAt, expiresAt = grant
-                lines.append(HELD_LINE % (key, token, micros(expiresAt - now),
-                                          micros(now - grantedAt)))
         self.index = end
         done = self.index >= len(self.keys)
         if done:
@@ -180,7 +178,7 @@ class Stream:
             self._flushLater = self.clock.callLater(0, self.flush)
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
-                waited: float) -> None:
+                waited: float, name: Optional[bytes]) -> None:
         """
         A grant made now (the lock service tells at once: C{grantedAt} is
         now, its age 0).  Every grant: L{_queue}'s work is inline, and a
@@ -194,20 +192,22 @@ class Stream:
         if self._table.sharedGrants:
             share = self._table.shareOf(key, token)
             if share != EXCLUSIVE:
-                self.pending.append(SHARED_GRANT_LINE % (
-                    key, token, int((expiresAt - grantedAt) * 1e6), 0, formatShare(share)))
+                self.pending.append(peerwire.grantLine(
+                    key, token, int((expiresAt - grantedAt) * 1e6), 0, share, name))
                 if self._flushLater is None and self._answers.current is None:
                     self._flushLater = self.clock.callLater(0, self.flush)
                 return
-        self.pending.append(GRANT_LINE % (key, token, int((expiresAt - grantedAt) * 1e6), 0))
+        self.pending.append(GRANT_LINE % (key, token, int((expiresAt - grantedAt) * 1e6), 0,
+                                          name or NO_HOLDER))
         if self._flushLater is None and self._answers.current is None:
             self._flushLater = self.clock.callLater(0, self.flush)
 
     def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
         now = self.clock.seconds()
-        share = self.locks.table.shareOf(key, token)
+        table = self.locks.table
         self._queue(peerwire.grantLine(key, token, micros(expiresAt - now),
-                                       micros(now - grantedAt), share))
+                                       micros(now - grantedAt), table.shareOf(key, token),
+                                       table.nameOfGrant(key, token)))
 
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
         for channel in self._inbound.values():  # _queue, inline: every release
@@ -219,6 +219,19 @@ class Stream:
         if not expired:
             self.releases.released(key, token, self.clock.seconds())
 
+    def delayed(self, key: bytes, token: int, until: float) -> None:
+        table = self.locks.table
+        place = table.placeOf(key, token)
+        if place is None:
+            return
+        now = self.clock.seconds()
+        self._queue(peerwire.grantLine(key, token, micros(until - now), micros(now - place[0]),
+                                       table.shareOf(key, token),
+                                       table.nameOfGrant(key, token), delayed=True))
+
+    def delayEnded(self, key: bytes, token: int) -> None:
+        self._queue(DROP_LINE % (key, token))
+
     def mirrored(self, now: float, changes: Sequence[Change]) -> None:
         """
         A batch the lock service mirrored: on the active, what a heal
@@ -227,12 +240,12 @@ class Stream:
         """
         if self.locks.role not in (ACTIVE, HANDING_OFF):
             return
-        for key, token, grantedAt, expiresAt, share in changes:
+        for key, token, grantedAt, expiresAt, share, name, delayed in changes:
             if expiresAt is None:
                 self._queue(DROP_LINE % (key, token))
             else:
                 self._queue(peerwire.grantLine(key, token, micros(expiresAt - now),
-                                               micros(now - grantedAt), share))
+                                               micros(now - grantedAt), share, name, delayed))
 
     def flush(self) -> bool:
         """

@@ -16,6 +16,13 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 MAX_TOKEN = 2**64 - 1
 
+# One replicated change (a standby's stream, a snapshot, a heal's merge):
+# (key, token, grantedAt, expiresAt, share, name, delayed) of a grant, its
+# holder name, and whether it is a place kept after its expiry (then
+# expiresAt is when that place frees: see the lock-delay); expiresAt None
+# for the end of grant C{token}.
+Change = Tuple[bytes, int, float, Optional[float], int, Optional[bytes], bool]
+
 # How an acquire shares its key (the fifth field of C{A}, SPEC section 2
 # "Shared keys"); lockservice.core.wire parses it into these.
 EXCLUSIVE = 1  # one holder at a time: the writer of a read-write key
@@ -115,6 +122,11 @@ class Waiter:
     """
 
     __slots__ = ("key", "lease", "share", "queuedAt", "queued", "prev", "next")
+
+    # The holder name a grant to this waiter is made under (see
+    # L{LockTable}): a bare waiter has none; the service's waiters give
+    # their connection's C{I} name as it is when the grant is made.
+    ident: Optional[bytes] = None
 
     def __init__(self, key: bytes, lease: float, share: int = EXCLUSIVE) -> None:
         self.key = key
@@ -223,12 +235,15 @@ class _Extra:
     is waited for or is shared.
     """
 
-    __slots__ = ("client", "renewals", "queue", "shared")
+    __slots__ = ("client", "renewals", "queue", "shared", "delayed")
 
     def __init__(self, client: object) -> None:
         self.client = client
         self.renewals = 0
         self.queue: Optional[WaitQueue] = None
+        # True while the slot's grant has expired and only keeps its place
+        # until the lock-delay ends (then the slot's expiry is that end).
+        self.delayed = False
         # Set while the key is held in shared form (then client and
         # renewals are unused: each grant keeps its own).
         self.shared: Optional[_Shared] = None
@@ -237,15 +252,22 @@ class _Extra:
 class _SharedGrant:
     """
     One grant of a shared key (its token is its key in L{_Shared.grants}).
+
+    @ivar name: its holder name (see L{identOf}).
+    @ivar delayed: True once it expired and only keeps its place until the
+        lock-delay ends (then C{expiresAt} is that end).
     """
 
-    __slots__ = ("grantedAt", "expiresAt", "client", "renewals")
+    __slots__ = ("grantedAt", "expiresAt", "client", "renewals", "name", "delayed")
 
-    def __init__(self, grantedAt: float, expiresAt: float, client: object) -> None:
+    def __init__(self, grantedAt: float, expiresAt: float, client: object,
+                 name: Optional[bytes]) -> None:
         self.grantedAt = grantedAt
         self.expiresAt = expiresAt
         self.client = client
         self.renewals = 0
+        self.name = name
+        self.delayed = False
 
 
 class _Shared:
@@ -322,6 +344,16 @@ class StaleHolder(LookupError):
     A L{Holder} view was read after the grant it shows had ended (released,
     expired, handed over): read the table again.
     """
+
+
+def identOf(client: object) -> Optional[bytes]:
+    """
+    The holder name a grant to C{client} is made under: the C{I} name its
+    connection has at the moment of the grant (kept with the grant after
+    the connection renames itself or closes, and replicated with it), or
+    None for a connection that never named itself.
+    """
+    return getattr(client, "ident", None)
 
 
 def nameOf(client: object) -> Optional[str]:
@@ -537,6 +569,9 @@ class LockTable:
         self._granted = array("d")
         self._expires = array("d")
         self._clients: List[object] = []
+        # The holder name of each slot's grant (see identOf); a shared
+        # key's grants keep theirs in their records.
+        self._names: List[Optional[bytes]] = []
         # Free slot numbers: a list, not an array, because list.pop and
         # append cost a quarter of array's (80 ns per acquire + release),
         # and the int of a released key's slot is the one its dict entry
@@ -556,7 +591,8 @@ class LockTable:
 
     # -- slots -------------------------------------------------------------
 
-    def _newSlot(self, token: int, grantedAt: float, expiresAt: float, client: object) -> int:
+    def _newSlot(self, token: int, grantedAt: float, expiresAt: float, client: object,
+                 name: Optional[bytes]) -> int:
         free = self._free
         if free:
             slot = free.pop()
@@ -564,20 +600,23 @@ class LockTable:
             self._granted[slot] = grantedAt
             self._expires[slot] = expiresAt
             self._clients[slot] = client
+            self._names[slot] = name
             return slot
         self._tokens.append(token)
         self._granted.append(grantedAt)
         self._expires.append(expiresAt)
         self._clients.append(client)
+        self._names.append(name)
         return len(self._clients) - 1
 
     def _freeSlot(self, key: bytes, slot: int) -> None:
         del self._keys[key]
         self._clients[slot] = None  # let the client (a closed connection) go
+        self._names[slot] = None
         self._free.append(slot)
 
     def _regrant(self, slot: int, token: int, grantedAt: float, expiresAt: float,
-                 client: object) -> None:
+                 client: object, name: Optional[bytes]) -> None:
         """
         The key of C{slot} passes to a new grant: its renewal count starts
         again, its queue stays.
@@ -585,10 +624,12 @@ class LockTable:
         self._tokens[slot] = token
         self._granted[slot] = grantedAt
         self._expires[slot] = expiresAt
+        self._names[slot] = name
         extra = self._clients[slot]
         if type(extra) is _Extra and extra.queue is not None:
             extra.client = client
             extra.renewals = 0
+            extra.delayed = False
         else:
             self._clients[slot] = client
 
@@ -610,7 +651,7 @@ class LockTable:
         # Its queue emptied: back to the bare client unless it was renewed
         # (or is shared).
         extra.queue = None
-        if not extra.renewals and extra.shared is None:
+        if not extra.renewals and extra.shared is None and not extra.delayed:
             self._clients[slot] = extra.client
 
     # -- shared keys -------------------------------------------------------
@@ -653,9 +694,10 @@ class LockTable:
             expiresAt = now + waiter.lease
             fresh = _Extra(None)
             created = fresh.shared = _Shared(kind)
-            created.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+            client = waiter.client()
+            created.add(token, _SharedGrant(now, expiresAt, client, identOf(client)))
             self.sharedGrants += 1
-            self._keys[key] = self._newSlot(token, now, expiresAt, fresh)
+            self._keys[key] = self._newSlot(token, now, expiresAt, fresh, None)
             return Grant(key, token, expiresAt, None)
         extra = self._extraAt(slot)
         shared = extra.shared
@@ -668,7 +710,8 @@ class LockTable:
         if shared is not None and queue is None and shared.fits(share):
             token = self.tokens.issue()
             expiresAt = now + waiter.lease
-            shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+            client = waiter.client()
+            shared.add(token, _SharedGrant(now, expiresAt, client, identOf(client)))
             self.sharedGrants += 1
             if expiresAt < self._expires[slot]:
                 self._syncShared(slot, shared)
@@ -727,17 +770,20 @@ class LockTable:
         self._granted[slot] = now
         self._expires[slot] = expiresAt
         extra.renewals = 0
+        extra.delayed = False
+        client = waiter.client()
         if waiter.share == EXCLUSIVE:
             extra.shared = None
+            self._names[slot] = identOf(client)
             if queue.length:
-                extra.client = waiter.client()
+                extra.client = client
             else:
-                self._clients[slot] = waiter.client()
+                self._clients[slot] = client
             return Grant(key, token, expiresAt, waiter)
         shared = extra.shared
         if shared is None:
             shared = extra.shared = _Shared(READ_WRITE)
-        shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+        shared.add(token, _SharedGrant(now, expiresAt, client, identOf(client)))
         self.sharedGrants += 1
         extra.client = None
         if not queue.length:
@@ -796,7 +842,8 @@ class LockTable:
         waiter.queued = False
         self.waiterCount -= 1
         expiresAt = now + waiter.lease
-        shared.add(token, _SharedGrant(now, expiresAt, waiter.client()))
+        client = waiter.client()
+        shared.add(token, _SharedGrant(now, expiresAt, client, identOf(client)))
         self.sharedGrants += 1
         if expiresAt < self._expires[slot]:
             self._syncShared(slot, shared)
@@ -879,10 +926,27 @@ class LockTable:
             return None
         return self._tokens[slot], self._granted[slot], self._expires[slot]
 
+    def plainGrantOf(self, key: bytes) -> Optional[Tuple[int, float, float, Optional[bytes]]]:
+        """
+        C{(token, grantedAt, expiresAt, name)} of C{key}'s only grant when
+        it is held the plain way (one live exclusive grant), else None
+        (free, shared, or a place kept by the lock-delay: see
+        L{sharedGrantsOf}).
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        extra = self._clients[slot]
+        if type(extra) is _Extra and (extra.shared is not None or extra.delayed):
+            return None
+        return self._tokens[slot], self._granted[slot], self._expires[slot], self._names[slot]
+
     def holding(self, key: bytes) -> Optional[Tuple[int, float, float, object]]:
         """
         C{(token, grantedAt, expiresAt, client)} of C{key}'s current grant,
         or None: what ending it (a release, an expiry) needs, in one look-up.
+        A place kept by the lock-delay is no grant: None (see
+        L{placeOf}).
         """
         slot = self._keys.get(key)
         if slot is None:
@@ -891,12 +955,16 @@ class LockTable:
         if type(client) is _Extra:
             shared = client.shared
             if shared is None:
+                if client.delayed:
+                    return None
                 client = client.client
             else:
                 # The slot shows the shared grant that runs out first: its
                 # holder is that grant's (the key's own client is unused).
                 grant = shared.grants.get(self._tokens[slot])
-                client = grant.client if grant is not None else None
+                if grant is None or grant.delayed:
+                    return None
+                client = grant.client
         return self._tokens[slot], self._granted[slot], self._expires[slot], client
 
     def clientOf(self, key: bytes) -> object:
@@ -973,19 +1041,22 @@ class LockTable:
             token = self.tokens.issue()
             expiresAt = now + waiter.lease
             # _newSlot, inline: this is every uncontended acquire.
+            client = waiter.client()
             free = self._free
             if free:
                 slot = free.pop()
                 self._tokens[slot] = token
                 self._granted[slot] = now
                 self._expires[slot] = expiresAt
-                self._clients[slot] = waiter.client()
+                self._clients[slot] = client
+                self._names[slot] = getattr(client, "ident", None)
             else:
                 slot = len(self._clients)
                 self._tokens.append(token)
                 self._granted.append(now)
                 self._expires.append(expiresAt)
-                self._clients.append(waiter.client())
+                self._clients.append(client)
+                self._names.append(getattr(client, "ident", None))
             self._keys[key] = slot
             return Grant(key, token, expiresAt, None)
         extra = self._clients[slot]
@@ -1070,12 +1141,13 @@ class LockTable:
         extra = self._clients[slot]
         if type(extra) is _Extra and extra.shared is not None:
             grant = extra.shared.grants.get(token)
-            if grant is None or grant.expiresAt <= now:
+            if grant is None or grant.expiresAt <= now or grant.delayed:
                 return None
             self._moveShared(key, token, grant, now + lease)
             grant.renewals += 1
             return Holder(self, key, token)
-        if self._tokens[slot] != token or self._expires[slot] <= now:
+        if (self._tokens[slot] != token or self._expires[slot] <= now
+                or (type(extra) is _Extra and extra.delayed)):
             return None
         self._expires[slot] = now + lease
         self._extraAt(slot).renewals += 1
@@ -1149,11 +1221,14 @@ class LockTable:
         self._tokens[slot] = token
         self._granted[slot] = now
         self._expires[slot] = expiresAt
+        client = waiter.client()
+        self._names[slot] = getattr(client, "ident", None)
         if queue.length:
-            extra.client = waiter.client()
+            extra.client = client
             extra.renewals = 0
+            extra.delayed = False
         else:
-            self._clients[slot] = waiter.client()  # the _Extra goes
+            self._clients[slot] = client  # the _Extra goes
         return Grant(key, token, expiresAt, waiter)
 
     def _unqueue(self, slot: int, extra: _Extra) -> List[Waiter]:
@@ -1169,7 +1244,8 @@ class LockTable:
     # -- replication -------------------------------------------------------
 
     def install(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
-                share: int = EXCLUSIVE) -> None:
+                share: int = EXCLUSIVE, name: Optional[bytes] = None,
+                delayed: bool = False) -> None:
         """
         Record a holder learned from the active node (a standby's mirror).
         Waiters are never replicated, so the mirror holds none.  Installing
@@ -1178,32 +1254,48 @@ class LockTable:
         A grant of C{share} beside the key's holders joins them when it
         fits (a reader beside readers, a semaphore's grant while it has
         room); otherwise it replaces them, as a new exclusive grant does:
-        the stream is the active's word, in order.
+        the stream is the active's word, in order.  C{name} is the grant's
+        holder name, as its active recorded it; C{delayed} says it is a
+        place kept by the lock-delay until C{expiresAt} (see
+        L{startDelay}).
         """
         self.tokens.observe(token)
         slot = self._keys.get(key)
         if share != EXCLUSIVE or (slot is not None and self._sharedAt(slot) is not None):
-            self._installShared(key, slot, token, grantedAt, expiresAt, share)
-        elif slot is None:
-            self._keys[key] = self._newSlot(token, grantedAt, expiresAt, None)
+            self._installShared(key, slot, token, grantedAt, expiresAt, share, name, delayed)
+            return
+        if slot is None:
+            slot = self._keys[key] = self._newSlot(token, grantedAt, expiresAt, None, name)
         elif self._tokens[slot] == token:
             # The same grant again (a renewal, or a new snapshot): it keeps
             # the time it was first seen granted.
             self._expires[slot] = expiresAt
         else:
-            self._regrant(slot, token, grantedAt, expiresAt, None)
+            self._regrant(slot, token, grantedAt, expiresAt, None, name)
+        extra = self._clients[slot]
+        if delayed:
+            self._extraAt(slot).delayed = True
+        elif type(extra) is _Extra and extra.delayed:
+            extra.delayed = False
+            if extra.queue is None and not extra.renewals:
+                self._clients[slot] = extra.client
 
     def _installShared(self, key: bytes, slot: Optional[int], token: int, grantedAt: float,
-                       expiresAt: float, share: int) -> None:
+                       expiresAt: float, share: int, name: Optional[bytes],
+                       delayed: bool) -> None:
         if slot is not None:
             extra = self._clients[slot]
             shared = extra.shared if type(extra) is _Extra else None
             if shared is not None and token in shared.grants:
-                self._moveShared(key, token, shared.grants[token], expiresAt)
+                grant = shared.grants[token]
+                grant.delayed = delayed
+                self._moveShared(key, token, grant, expiresAt)
                 return
             if (shared is not None and share != EXCLUSIVE and shared.kind == kindOf(share)
                     and shared.fits(share)):
-                shared.add(token, _SharedGrant(grantedAt, expiresAt, None))
+                added = _SharedGrant(grantedAt, expiresAt, None, name)
+                added.delayed = delayed
+                shared.add(token, added)
                 self.sharedGrants += 1
                 self._syncShared(slot, shared)
                 return
@@ -1213,26 +1305,29 @@ class LockTable:
                 assert type(extra) is _Extra
                 extra.shared = None
                 extra.client = None
-                self._regrant(slot, token, grantedAt, expiresAt, None)
-                if extra.queue is None:
+                self._regrant(slot, token, grantedAt, expiresAt, None, name)
+                extra.delayed = delayed
+                if extra.queue is None and not delayed:
                     self._clients[slot] = None
                 return
         shared = _Shared(kindOf(share))
-        shared.add(token, _SharedGrant(grantedAt, expiresAt, None))
+        added = _SharedGrant(grantedAt, expiresAt, None, name)
+        added.delayed = delayed
+        shared.add(token, added)
         self.sharedGrants += 1
         if slot is None:
             extra = _Extra(None)
             extra.shared = shared
-            self._keys[key] = self._newSlot(token, grantedAt, expiresAt, extra)
+            self._keys[key] = self._newSlot(token, grantedAt, expiresAt, extra, None)
             return
         extra = self._extraAt(slot)
         extra.client = None
         extra.renewals = 0
+        extra.delayed = False  # (each shared grant says for itself)
         extra.shared = shared
         self._syncShared(slot, shared)
 
-    def mirrorAll(self, changes: Iterable[Tuple[bytes, int, float, Optional[float], int]]
-                  ) -> None:
+    def mirrorAll(self, changes: Iterable[Change]) -> None:
         """
         Apply a batch of replicated changes in order, exactly as L{install}
         (a grant) and L{drop} (expiresAt None) one by one would: a
@@ -1242,9 +1337,9 @@ class LockTable:
         rest by those methods, and the tokens are observed once.
         """
         keys, tokens, clients, free = self._keys, self._tokens, self._clients, self._free
-        granted, expires = self._granted, self._expires
+        granted, expires, names = self._granted, self._expires, self._names
         highest = 0
-        for key, token, grantedAt, expiresAt, share in changes:
+        for key, token, grantedAt, expiresAt, share, name, delayed in changes:
             slot = keys.get(key)
             if expiresAt is None:
                 if slot is None:
@@ -1256,8 +1351,8 @@ class LockTable:
                     clients[slot] = None
                     free.append(slot)
                 continue
-            if slot is not None or share != EXCLUSIVE:
-                self.install(key, token, grantedAt, expiresAt, share)
+            if slot is not None or share != EXCLUSIVE or delayed:
+                self.install(key, token, grantedAt, expiresAt, share, name, delayed)
                 continue
             if token > highest:
                 highest = token
@@ -1267,12 +1362,14 @@ class LockTable:
                 granted[slot] = grantedAt
                 expires[slot] = expiresAt
                 clients[slot] = None
+                names[slot] = name
             else:
                 slot = len(clients)
                 tokens.append(token)
                 granted.append(grantedAt)
                 expires.append(expiresAt)
                 clients.append(None)
+                names.append(name)
             keys[key] = slot
         if highest:
             self.tokens.observe(highest)
@@ -1332,29 +1429,35 @@ class LockTable:
             return [Holder(self, key, self._tokens[slot])]
         return [Holder(self, key, token) for token in shared.grants]
 
-    def sharedGrantsOf(self, key: bytes) -> List[Tuple[int, float, float, int]]:
+    def sharedGrantsOf(self, key: bytes
+                       ) -> List[Tuple[int, float, float, int, Optional[bytes], bool]]:
         """
-        C{(token, grantedAt, expiresAt, share)} of every grant of C{key},
-        highest token first (how a heal offers them: L{fitTogether} then
-        keeps the same ones whichever order they come in); empty when free.
+        C{(token, grantedAt, expiresAt, share, name, delayed)} of every
+        grant (and place kept by the lock-delay) of C{key}, highest token
+        first (how a heal offers them: L{fitTogether} then keeps the same
+        ones whichever order they come in); empty when free.
         """
         slot = self._keys.get(key)
         if slot is None:
             return []
-        shared = self._sharedAt(slot)
+        extra = self._clients[slot]
+        shared = extra.shared if type(extra) is _Extra else None
         if shared is None:
-            return [(self._tokens[slot], self._granted[slot], self._expires[slot], EXCLUSIVE)]
+            delayed = type(extra) is _Extra and extra.delayed
+            return [(self._tokens[slot], self._granted[slot], self._expires[slot], EXCLUSIVE,
+                     self._names[slot], delayed)]
         share = READ if shared.kind == READ_WRITE else shared.kind
-        return [(token, grant.grantedAt, grant.expiresAt, share)
+        return [(token, grant.grantedAt, grant.expiresAt, share, grant.name, grant.delayed)
                 for token, grant in reversed(shared.grants.items())]
 
     def firstGrants(self, key: bytes, count: int
-                    ) -> List[Tuple[int, float, float, object, int]]:
+                    ) -> List[Tuple[int, float, float, object, int, Optional[bytes], bool]]:
         """
-        C{(token, grantedAt, expiresAt, client, renewals)} of at most
-        C{count} grants of C{key}, oldest (lowest token) first: what the
-        operator's view lists, bounded however many grants a shared key
-        has.  Empty when free.
+        C{(token, grantedAt, expiresAt, client, renewals, name, delayed)} of
+        at most C{count} grants (or places kept by the lock-delay) of
+        C{key}, oldest (lowest token) first: what the operator's view
+        lists, bounded however many grants a shared key has.  Empty when
+        free.
         """
         slot = self._keys.get(key)
         if slot is None or count <= 0:
@@ -1363,9 +1466,11 @@ class LockTable:
         if shared is None:
             extra = self._clients[slot]
             renewals = extra.renewals if type(extra) is _Extra else 0
+            delayed = type(extra) is _Extra and extra.delayed
             return [(self._tokens[slot], self._granted[slot], self._expires[slot],
-                     self._clientAt(slot), renewals)]
-        return [(token, grant.grantedAt, grant.expiresAt, grant.client, grant.renewals)
+                     self._clientAt(slot), renewals, self._names[slot], delayed)]
+        return [(token, grant.grantedAt, grant.expiresAt, grant.client, grant.renewals,
+                 grant.name, grant.delayed)
                 for token, grant in islice(shared.grants.items(), count)]
 
     def shareOf(self, key: bytes, token: int) -> int:
@@ -1406,9 +1511,106 @@ class LockTable:
             holding = self.holding(key)
             return holding if holding is not None and holding[0] == token else None
         grant = shared.grants.get(token)
-        if grant is None:
+        if grant is None or grant.delayed:
             return None
         return token, grant.grantedAt, grant.expiresAt, grant.client
+
+    # -- the lock-delay ------------------------------------------------------
+
+    def placeOf(self, key: bytes, token: int) -> Optional[Tuple[float, float, object, bool]]:
+        """
+        C{(grantedAt, expiresAt, client, delayed)} of the place C{token}
+        takes in C{key}: a live grant (C{delayed} False), or one that
+        expired and keeps its place until C{expiresAt} (the lock-delay);
+        None when it takes none.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        extra = self._clients[slot]
+        shared = extra.shared if type(extra) is _Extra else None
+        if shared is None:
+            if self._tokens[slot] != token:
+                return None
+            if type(extra) is _Extra:
+                return self._granted[slot], self._expires[slot], extra.client, extra.delayed
+            return self._granted[slot], self._expires[slot], extra, False
+        grant = shared.grants.get(token)
+        if grant is None:
+            return None
+        return grant.grantedAt, grant.expiresAt, grant.client, grant.delayed
+
+    def startDelay(self, key: bytes, token: int, until: float) -> None:
+        """
+        The grant C{token} of C{key} expired: it is no longer held (its
+        token is STALE, and L{newest} passes it by) but keeps its place in
+        the key until C{until}, when its expiry comes due again and frees
+        the place (L{expire}).
+        """
+        slot = self._keys[key]
+        extra = self._extraAt(slot)
+        shared = extra.shared
+        if shared is None:
+            assert self._tokens[slot] == token
+            extra.delayed = True
+            self._expires[slot] = until
+            return
+        grant = shared.grants[token]
+        grant.delayed = True
+        self._moveShared(key, token, grant, until)
+
+    def delayedUntil(self, key: bytes) -> Optional[float]:
+        """
+        When the last place of C{key} kept by the lock-delay frees, or None
+        when none is.
+        """
+        slot = self._keys.get(key)
+        extra = self._clients[slot] if slot is not None else None
+        if type(extra) is not _Extra:
+            return None
+        shared = extra.shared
+        if shared is None:
+            return self._expires[slot] if extra.delayed else None  # type: ignore[index]
+        ends = [grant.expiresAt for grant in shared.grants.values() if grant.delayed]
+        return max(ends) if ends else None
+
+    def newest(self, key: bytes) -> Tuple[int, Optional[bytes]]:
+        """
+        C{(token, holder name)} of C{key}'s newest live grant (highest
+        token), what an observer is shown; C{(0, None)} when no grant
+        holds it (free, or only places kept by the lock-delay).
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return 0, None
+        extra = self._clients[slot]
+        if type(extra) is not _Extra:
+            return self._tokens[slot], self._names[slot]
+        shared = extra.shared
+        if shared is None:
+            if extra.delayed:
+                return 0, None
+            return self._tokens[slot], self._names[slot]
+        # Grants are kept in the order they were made, so the newest is
+        # usually last; a heal may add older ones after it, hence the max.
+        newest, name = 0, None
+        for token, grant in shared.grants.items():
+            if token > newest and not grant.delayed:
+                newest, name = token, grant.name
+        return newest, name
+
+    def nameOfGrant(self, key: bytes, token: int) -> Optional[bytes]:
+        """
+        The holder name of the grant (or place) C{token} of C{key}.
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return None
+        shared = self._sharedAt(slot)
+        if shared is None:
+            return self._names[slot] if self._tokens[slot] == token else None
+        grant = shared.grants.get(token)
+        return grant.name if grant is not None else None
 
     def grantCount(self) -> int:
         """
@@ -1417,20 +1619,21 @@ class LockTable:
         """
         return len(self._keys) + self.sharedGrants
 
-    def everyGrant(self) -> Iterator[Tuple[bytes, int, float, float, int]]:
+    def everyGrant(self) -> Iterator[Change]:
         """
-        Every grant as C{(key, token, grantedAt, expiresAt, share)}, a shared
-        key's highest token first (the table must not change meanwhile).
+        Every grant (and place kept by the lock-delay) as a L{Change}, a
+        shared key's highest token first (the table must not change
+        meanwhile).
         """
         tokens, granted, expires = self._tokens, self._granted, self._expires
-        clients = self._clients
+        clients, names = self._clients, self._names
         for key, slot in self._keys.items():
             extra = clients[slot]
-            if type(extra) is _Extra and extra.shared is not None:
-                for token, grantedAt, expiresAt, share in self.sharedGrantsOf(key):
-                    yield key, token, grantedAt, expiresAt, share
+            if type(extra) is _Extra and (extra.shared is not None or extra.delayed):
+                for token, grantedAt, expiresAt, share, name, delayed in self.sharedGrantsOf(key):
+                    yield key, token, grantedAt, expiresAt, share, name, delayed
             else:
-                yield key, tokens[slot], granted[slot], expires[slot], EXCLUSIVE
+                yield key, tokens[slot], granted[slot], expires[slot], EXCLUSIVE, names[slot], False
 
     def isShared(self, key: bytes) -> bool:
         """
@@ -1469,4 +1672,5 @@ class LockTable:
         self._granted = array("d")
         self._expires = array("d")
         self._clients = []
+        self._names = []
         self._free = []

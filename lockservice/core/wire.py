@@ -90,9 +90,34 @@ class Identify:
         self.name = name
 
 
-Request = Union[Acquire, Release, Renew, Ping, Identify]
+class Withdraw:
+    """
+    C{C <key>}: withdraw this connection's oldest waiting acquire of C{key}.
+    """
 
-_ARITY = {b"A": 4, b"R": 3, b"N": 4, b"P": 2, b"I": 2}
+    __slots__ = ("key",)
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+
+class Observe:
+    """
+    C{O <key> <token|?> <wait>}: the key's newest live grant, once it is
+    not C{token} (None for C{?}: at once).
+    """
+
+    __slots__ = ("key", "token", "wait")
+
+    def __init__(self, key: bytes, token: Optional[int], wait: float) -> None:
+        self.key = key
+        self.token = token
+        self.wait = wait
+
+
+Request = Union[Acquire, Release, Renew, Ping, Identify, Withdraw, Observe]
+
+_ARITY = {b"A": 4, b"R": 3, b"N": 4, b"C": 2, b"O": 4, b"P": 2, b"I": 2}
 # Fields an op may have beyond its arity (A's optional share).
 _OPTIONAL = {b"A": 1}
 
@@ -216,6 +241,8 @@ _USAGE = {
     b"A": "expected: A <key> <lease> <wait> [<share>]",
     b"R": "expected: R <key> <token>",
     b"N": "expected: N <key> <token> <lease>",
+    b"C": "expected: C <key>",
+    b"O": "expected: O <key> <token|?> <wait>",
     b"P": "expected: P <word>",
     b"I": "expected: I <name>",
 }
@@ -223,6 +250,8 @@ _BAD_KEY = "bad key: 1-250 bytes of UTF-8, no spaces or control characters"
 _BAD_WORD = "bad word: 1-250 bytes of UTF-8, no spaces or control characters"
 _BAD_NAME = "bad name: 1-250 bytes of UTF-8, no spaces or control characters"
 _BAD_TOKEN = "bad token: decimal digits, at most 2^64-1"
+# The holder name shown for a grant whose connection never sent C{I}.
+ANONYMOUS = b"-"
 _BAD_SHARE = f"bad share: r, or slots 1-{MAX_SLOTS} (digits, no leading zero)"
 
 
@@ -281,7 +310,18 @@ def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
                        else _token(fields, field))
     if op == b"N":
         return Renew(key, _token(fields, fields[2]), _lease(fields, fields[3], maxLease))
+    if op == b"C":
+        return Withdraw(key)
+    if op == b"O":
+        field = fields[2]
+        token = None if field == b"?" else _token(fields, field)
+        wait = parseSeconds(fields[3], maxWait)
+        if wait is None:
+            raise _bad(fields, f"bad wait: seconds, 0 <= wait <= {maxWait:g}, digits only")
+        return Observe(key, token, wait)
     if op == b"I":
+        if key == ANONYMOUS:
+            raise _bad(fields, "bad name: - stands for an unnamed connection")
         return Identify(key)
     return Ping(key)
 
@@ -325,6 +365,17 @@ def pong(word: bytes) -> bytes:
 
 def identified(name: bytes) -> bytes:
     return b"I " + name + b"\n"
+
+
+def withdrawn(key: bytes, ok: bool) -> bytes:
+    return b"C " + key + (b" OK\n" if ok else b" NONE\n")
+
+
+def observed(key: bytes, token: int, holder: Optional[bytes]) -> bytes:
+    """
+    C{O <key> <newest> <holder>}: 0 and C{-} when nothing holds it.
+    """
+    return b"O %s %d %s\n" % (key, token, holder or ANONYMOUS)
 
 
 def redirect(op: bytes, key: bytes, active: Optional[bytes]) -> bytes:

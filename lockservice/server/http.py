@@ -148,6 +148,17 @@ def kindOf(locks: LockService, key: bytes) -> Tuple[str, Optional[int]]:
     return ("read-write" if table.isShared(key) else "exclusive"), None
 
 
+def holderName(name: Optional[bytes], client: object) -> Optional[str]:
+    """
+    How a grant's holder is shown: the C{I} name its connection had when
+    it was granted, else (a connection that never named itself) that
+    connection's address while this node knows it.
+    """
+    if name is not None:
+        return name.decode("utf-8", "replace")
+    return nameOf(client)
+
+
 def describeLock(locks: LockService, monitor: Optional[Monitor], key: bytes,
                  holder: Holder, waiters: int = WAITERS_LIMIT,
                  holders: int = HOLDERS_LIMIT) -> Dict[str, Any]:
@@ -172,10 +183,12 @@ def describeLock(locks: LockService, monitor: Optional[Monitor], key: bytes,
     kind, slots = kindOf(locks, key)
     share = holder.share
     listed = []
-    for token, grantedAt, expiresAt, client, renewals in table.firstGrants(key, holders):
+    for token, grantedAt, expiresAt, client, renewals, name, delayed in table.firstGrants(
+            key, holders):
         listed.append({
             "token": token,
-            "holder": nameOf(client),
+            "holder": holderName(name, client),
+            "delayed": delayed,
             "mode": modeOf(share),
             "granted_at": round(_wallAt(locks, monitor, grantedAt), 3),
             "age_seconds": round(now - grantedAt, 3),
@@ -184,10 +197,11 @@ def describeLock(locks: LockService, monitor: Optional[Monitor], key: bytes,
             "long_hold": monitor is not None and monitor.isLongHold(key, token),
         })
     count = table.holderCount(key)
+    delayedUntil = table.delayedUntil(key)
     return {
         "key": key.decode("utf-8", "replace"),
         "token": holder.token,
-        "holder": holder.owner,
+        "holder": holderName(table.nameOfGrant(key, holder.token), holder.client),
         "granted_at": round(_wallAt(locks, monitor, holder.grantedAt), 3),
         "age_seconds": round(now - holder.grantedAt, 3),
         "remaining_seconds": round(max(0.0, holder.expiresAt - now), 3),
@@ -202,6 +216,12 @@ def describeLock(locks: LockService, monitor: Optional[Monitor], key: bytes,
         "holder_count": count,
         "holders": listed,
         "holders_truncated": count > len(listed),
+        # The lock-delay: places kept after their grants expired.
+        "delayed": delayedUntil is not None,
+        "delay_ends_at": (None if delayedUntil is None
+                          else round(_wallAt(locks, monitor, delayedUntil), 3)),
+        "delay_remaining_seconds": (None if delayedUntil is None
+                                    else round(max(0.0, delayedUntil - now), 3)),
     }
 
 
@@ -719,7 +739,7 @@ class LocksResource(_NodeResource):
             if not given.isdigit() or int(given) >= 2**64:
                 raise BadQuery("token must be a whole number below 2^64")
             token: Optional[int] = int(given)
-            if self.locks.table.holdingOf(key, int(given)) is None:
+            if self.locks.table.placeOf(key, int(given)) is None:
                 token = None
         else:
             token = self.locks.table.tokenOf(key)

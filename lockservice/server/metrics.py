@@ -82,6 +82,9 @@ class _StatsCollector(Collector):
             ("grants", "Locks granted (at once or by FIFO hand-off)", stats.grants),
             ("expirations", "Leases that ran out and were reclaimed", stats.expirations),
             ("timeouts", "Acquires answered T (wait ran out)", stats.timeouts),
+            ("withdrawals", "Queued acquires withdrawn by their client (C)", stats.withdrawals),
+            ("waiters_dropped", "Queued acquires dropped because their connection went away",
+             stats.waitersDropped),
             ("redirects", "Requests answered M (not active)", stats.redirects),
             ("errors", "Requests answered E (bad input)", stats.errors),
             ("connections", "Client connections accepted", stats.connections),
@@ -109,6 +112,7 @@ class _StatsCollector(Collector):
             labels=["limit"])
         rejected.add_metric(["keys"], stats.rejectedKeys)
         rejected.add_metric(["waiters"], stats.rejectedWaiters)
+        rejected.add_metric(["observers"], stats.rejectedObservers)
         rejected.add_metric(["connections"], stats.rejectedConnections)
         rejected.add_metric(["stale_flood"], stats.staleFloods)
         yield rejected
@@ -238,7 +242,7 @@ class Metrics:
         locks.observers.append(self)
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
-                waited: float) -> None:
+                waited: float, name: Optional[bytes]) -> None:
         self._waitCounts[bisect_left(self._bounds, waited)] += 1
         self.acquireWait.sum += waited
 
@@ -248,6 +252,12 @@ class Metrics:
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
         self._holdCounts[bisect_left(self._bounds, heldFor)] += 1
         self.holdTime.sum += heldFor
+
+    def delayed(self, key: bytes, token: int, until: float) -> None:
+        pass  # an expiry, counted as one already
+
+    def delayEnded(self, key: bytes, token: int) -> None:
+        pass
 
     def render(self) -> bytes:
         # The highest token is written by hand: prometheus_client renders

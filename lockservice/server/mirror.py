@@ -14,19 +14,18 @@ standbys, and a standby's cost per line stays one table call.
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from twisted.internet.interfaces import IReactorTime
 
 from lockservice.core.election import ACTIVE, HANDING_OFF
-from lockservice.core.table import EXCLUSIVE, Holder, LockTable
+from lockservice.core.table import EXCLUSIVE, Change, Holder, LockTable
 from lockservice.server.deadlines import LeaseDeadlines
 from lockservice.server.observers import Observers
+from lockservice.server.observing import KeyObservers
 from lockservice.server.stats import Stats
 
-# One replicated change: (key, token, grantedAt, expiresAt, share) for a
-# grant (monotonic seconds), expiresAt None for a drop of grant C{token}.
-Change = Tuple[bytes, int, float, Optional[float], int]
+__all__ = ["Change", "Mirroring"]
 
 
 class Mirroring:
@@ -42,6 +41,8 @@ class Mirroring:
     leases: LeaseDeadlines
     notify: Observers
     stats: Stats
+    observing: KeyObservers
+    _observed: Dict[bytes, Any]
 
     def _fileLease(self, key: bytes, token: int, expiresAt: float, shared: bool) -> None:
         raise NotImplementedError
@@ -76,14 +77,17 @@ class Mirroring:
         return len(self.table)
 
     def installHolder(self, key: bytes, token: int, remaining: float, age: float = 0.0,
-                      share: int = EXCLUSIVE) -> None:
+                      share: int = EXCLUSIVE, name: Optional[bytes] = None,
+                      delayed: bool = False) -> None:
         """
         Mirror a grant learned by replication (or, on an active node, merged
-        on a heal): C{key} held by C{token} for C{remaining} more seconds,
-        granted C{age} seconds ago, shared as C{share}.
+        on a heal, or saved by a restart): C{key} held by C{token} for
+        C{remaining} more seconds, granted C{age} seconds ago, shared as
+        C{share}, by the holder named C{name}; C{delayed}: a place kept by
+        the lock-delay for C{remaining} more seconds.
         """
         now = self.clock.seconds()
-        self.table.install(key, token, now - age, now + remaining, share)
+        self.table.install(key, token, now - age, now + remaining, share, name, delayed)
         if self.role == ACTIVE:
             self._fileLease(key, token, now + remaining, self.table.isShared(key))
         elif self.role == HANDING_OFF:
@@ -104,15 +108,19 @@ class Mirroring:
         if role == ACTIVE or role == HANDING_OFF:
             fileLease = self._fileLease if role == ACTIVE else self.leases.file
             merged = 0
-            for key, token, grantedAt, expiresAt, share in changes:
+            for key, token, grantedAt, expiresAt, share, name, delayed in changes:
                 if expiresAt is None:
                     drop(key, token)
                     continue
-                install(key, token, grantedAt, expiresAt, share)
+                install(key, token, grantedAt, expiresAt, share, name, delayed)
                 # (Armed when a handing-off node serves again.)
                 fileLease(key, token, expiresAt, table.isShared(key))
                 merged += 1
             self.stats.merged += merged
+            observed = self._observed
+            if observed:
+                for key in {change[0] for change in changes if change[0] in observed}:
+                    self.observing.changed(key)
         else:
             table.mirrorAll(changes)
         if self.notify.mirrors:

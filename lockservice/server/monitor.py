@@ -48,6 +48,7 @@ from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.events import EventRing
 from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats
+from lockservice.core.table import Change
 from lockservice.server import changelog
 from lockservice.server.changelog import FOLD_AT, ChangeLog
 from lockservice.server.deadlocks import DEADLOCKS_LISTED, DeadlockChecks, SharedTable
@@ -128,7 +129,8 @@ class Releaser(Protocol):
     The part of the lock service that force-release needs.
     """
 
-    def release(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None: ...
+    def forceRelease(self, key: bytes, token: int,
+                     reply: Callable[[bytes], object]) -> None: ...
 
 
 # The roles whose grants and queues are watched: handing off is a frozen
@@ -437,7 +439,7 @@ class Monitor:
         self._forcing = (key, token, f"by {who}: {reason}")
         self.lane.noteOnly = False  # the release's note says it was forced
         try:
-            service.release(key, token, answers.append)
+            service.forceRelease(key, token, answers.append)
         finally:
             self._forcing = None
             self.lane.noteOnly = self.warnHold is None
@@ -452,7 +454,7 @@ class Monitor:
     # -- the mirror observer ---------------------------------------------------
 
     def mirrored(self, now: float,
-                 changes: Iterable[Tuple[bytes, int, float, Optional[float], int]]) -> None:
+                 changes: Iterable[Change]) -> None:
         """
         A batch of changes learned from a peer: on an active node, the
         grants a heal merged in (and those it pushed out), shown as events
@@ -461,7 +463,7 @@ class Monitor:
         """
         if self._role not in _WATCHED:
             return
-        for key, token, grantedAt, expiresAt, _ in changes:
+        for key, token, grantedAt, expiresAt, *_ in changes:
             if expiresAt is None:
                 self._holds.forget(key, token)
                 self._event(ev.RELEASE, key, token, None, "pushed out by a heal's merge")

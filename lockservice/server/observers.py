@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, List, Optional, Protocol, Sequence, Tuple
 
+from lockservice.core.table import Change
 from lockservice.server.changelog import DROPPED, FOLD_AT, GRANTED
 from lockservice.server.monitor import ActivityObserver, Lane, Named
 
@@ -31,10 +32,11 @@ class ChangeObserver(Protocol):
     """
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
-                waited: float) -> None:
+                waited: float, name: Optional[bytes]) -> None:
         """
         C{key} was granted to C{token} at C{grantedAt} until C{expiresAt}
-        (monotonic seconds) after C{waited} seconds in the queue.
+        (monotonic seconds) after C{waited} seconds in the queue, under the
+        holder name C{name}.
         """
 
     def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
@@ -49,6 +51,17 @@ class ChangeObserver(Protocol):
         or C{expired}.
         """
 
+    def delayed(self, key: bytes, token: int, until: float) -> None:
+        """
+        The grant C{token} of C{key}, which expired (C{dropped} told so),
+        keeps its place in the key until C{until} (the lock-delay).
+        """
+
+    def delayEnded(self, key: bytes, token: int) -> None:
+        """
+        The place the expired grant C{token} of C{key} kept has freed.
+        """
+
 
 class MirrorObserver(Protocol):
     """
@@ -57,7 +70,7 @@ class MirrorObserver(Protocol):
     """
 
     def mirrored(self, now: float,
-                 changes: Sequence[Tuple[bytes, int, float, Optional[float], int]]) -> None:
+                 changes: Sequence[Change]) -> None:
         """
         C{changes}: (key, token, grantedAt, expiresAt, share) of each grant
         installed, expiresAt None for each grant dropped, in order.  A
@@ -114,9 +127,10 @@ class Observers:
 
     def granted(self, now: float, key: bytes, token: int, expiresAt: float, waited: float,
                 waiter: Any, conn: Named) -> None:
+        name = getattr(conn, "ident", None)
         for observer in self.changes:
             try:
-                observer.granted(key, token, now, expiresAt, waited)
+                observer.granted(key, token, now, expiresAt, waited, name)
             except Exception:
                 self._failed(f"observer {_where(observer.granted)}")
         if self.activity:
@@ -174,6 +188,14 @@ class Observers:
             except Exception:
                 self._failed(f"observer {_where(watcher.dropped)}")
 
+    def delayed(self, key: bytes, token: int, until: float) -> None:
+        for observer in self.changes:
+            self._notify(observer.delayed, key, token, until)
+
+    def delayEnded(self, key: bytes, token: int) -> None:
+        for observer in self.changes:
+            self._notify(observer.delayEnded, key, token)
+
     def queued(self, now: float, waiter: Any) -> None:
         for watcher in self.activity:  # guarded inline: this runs at every wait
             try:
@@ -192,7 +214,7 @@ class Observers:
 
 
     def mirrored(self, now: float,
-                 changes: Sequence[Tuple[bytes, int, float, Optional[float], int]]) -> None:
+                 changes: Sequence[Change]) -> None:
         for observer in self.mirrors:  # once per batch
             self._notify(observer.mirrored, now, changes)
 

@@ -44,6 +44,7 @@ from lockservice.server.reading import (  # noqa: F401 (re-exported for the test
     PacedReceiver,
     ReadBudget,
 )
+from lockservice.server.observing import Observation
 from lockservice.server.service import LockService, PendingAcquire
 from lockservice.tcp import noDelay
 
@@ -95,6 +96,9 @@ class LockProtocol(PacedReceiver):
 
     @ivar name: who this connection is (shown for its holders and
         waiters): the name it sent with C{I}, else its peer address.
+    @ivar ident: the name it sent with C{I} (None before): the holder name
+        of the grants it is given from then on (L{LockTable} keeps each
+        grant's, so a later C{I} does not rename a grant already made).
     """
 
     delimiter = b"\n"
@@ -107,6 +111,9 @@ class LockProtocol(PacedReceiver):
         # reactor turn, and a hand-over skips them meanwhile.)
         super().__init__()
         self._pending: Dict[bytes, Deque[PendingAcquire]] = {}
+        # The same for O: its observers per key, answered in send order.
+        self._observing: Dict[bytes, Deque[Observation]] = {}
+        self.ident: Optional[bytes] = None
         self._seenRequest = False
         self.peer: Optional[PeerHandler] = None
         self._batch: Optional[List[bytes]] = None
@@ -325,11 +332,16 @@ class LockProtocol(PacedReceiver):
             service.release(request.key, request.token, self._tokenAnswer)
         elif isinstance(request, wire.Renew):
             service.renew(request.key, request.token, request.lease, self._tokenAnswer)
+        elif isinstance(request, wire.Withdraw):
+            self._withdraw(request.key)
+        elif isinstance(request, wire.Observe):
+            self._observe(request)
         elif isinstance(request, wire.Ping):
             self.write(wire.pong(request.word))
         else:
             # One str per connection: every key it then holds shares it.
             self.name = request.name.decode("utf-8")
+            self.ident = request.name
             self.write(wire.identified(request.name))
 
     def _tokenAnswer(self, answer: bytes) -> None:
@@ -376,6 +388,64 @@ class LockProtocol(PacedReceiver):
         elif self._queued > MAX_QUEUED_ACQUIRES:
             self._updateReading()
 
+    def _withdraw(self, key: bytes) -> None:
+        """
+        C{C key}: withdraw this connection's oldest waiting acquire of
+        C{key}, answered C{T key} before C{C key OK}; C{C key NONE} when
+        none waits (a grant that crossed the withdrawal was written first).
+        """
+        service = self.service
+        if not service.serving():
+            service.stats.redirects += 1
+            self.write(wire.redirect(b"C", key, service.activeAddress))
+            return
+        # Answers leave a key's queue from its front as soon as they are
+        # decided, so its first entry is the oldest acquire still waiting.
+        queue = self._pending.get(key)
+        waiter = queue[0] if queue else None
+        if waiter is None or waiter.answer is not None or not service.cancelWait(waiter):
+            self.write(wire.withdrawn(key, False))
+            return
+        self.finish(waiter, wire.timedOut(key))
+        self.write(wire.withdrawn(key, True))
+
+    def _observe(self, request: wire.Observe) -> None:
+        observation = Observation(request.key, request.token, self)
+        answer = self.service.observe(observation, request.wait)
+        earlier = self._observing.get(request.key)
+        if answer is not None and not earlier:
+            self.write(answer)
+            return
+        if earlier is None:
+            earlier = self._observing[request.key] = deque()
+        earlier.append(observation)
+        self._queued += 1
+        if answer is not None:
+            self.finishObserve(observation, answer)
+        elif self._queued > MAX_QUEUED_ACQUIRES:
+            self._updateReading()
+
+    def finishObserve(self, observation: Observation, answer: bytes) -> None:
+        """
+        Answer an observer, keeping send order among this connection's
+        C{O}s of one key.
+        """
+        if self.gone:
+            return
+        observation.answer = answer
+        self._heldBytes += len(answer)
+        queue = self._observing[observation.key]
+        while queue and queue[0].answer is not None:
+            answer = queue.popleft().answer  # type: ignore[assignment]
+            self._queued -= 1
+            self._heldBytes -= len(answer)
+            self.write(answer)
+        if not queue:
+            del self._observing[observation.key]
+        if (self._readPaused != self._writePaused or self._heldBytes > MAX_HELD_BACK_BYTES
+                or self._queued > MAX_QUEUED_ACQUIRES or self._putOff):
+            self._updateReading()
+
     def _answerInTurn(self, key: bytes, answer: bytes) -> None:
         """
         Answer an acquire of C{key} refused before it reached the service
@@ -411,13 +481,14 @@ class LockProtocol(PacedReceiver):
             self._updateReading()
 
     def _withdrawing(self, pending: Dict[bytes, Deque[PendingAcquire]],
+                     observing: Dict[bytes, Deque[Observation]],
                      writeDecided: bool) -> Iterator[None]:
         """
-        Withdraw every queued acquire of this gone connection, one per
-        step (the service runs a bounded chunk of steps per reactor turn,
-        so a connection with 100,000 waiters cannot stall the node); after
-        an end of input also write the answers already decided, in order,
-        and close at the end.
+        Withdraw every queued acquire and waiting observer of this gone
+        connection, one per step (the service runs a bounded chunk of
+        steps per reactor turn, so a connection with 100,000 waiters cannot
+        stall the node); after an end of input also write the answers
+        already decided, in order, and close at the end.
         """
         service = self.service
         for queue in pending.values():
@@ -426,6 +497,13 @@ class LockProtocol(PacedReceiver):
                     service.withdraw(waiter)
                 elif writeDecided and not self._lost:
                     self.write(waiter.answer)
+                yield None
+        for observers in observing.values():
+            for observation in observers:
+                if observation.answer is None:
+                    service.unobserve(observation)
+                elif writeDecided and not self._lost:
+                    self.write(observation.answer)
                 yield None
         if writeDecided and not self._lost:
             self._close()
@@ -437,9 +515,10 @@ class LockProtocol(PacedReceiver):
         """
         self.gone = True
         pending, self._pending = self._pending, {}
+        observing, self._observing = self._observing, {}
         self._queued = self._heldBytes = 0
-        if pending:
-            self.service.runInChunks(self._withdrawing(pending, writeDecided))
+        if pending or observing:
+            self.service.runInChunks(self._withdrawing(pending, observing, writeDecided))
         elif writeDecided:
             self._close()
 

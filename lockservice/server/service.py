@@ -44,6 +44,7 @@ from lockservice.server.deadlines import TIMER_BUDGET
 from lockservice.server.mirror import Mirroring
 from lockservice.server.monitor import REDIRECT, TIMEOUT, WITHDRAWAL, ActivityObserver
 from lockservice.server.observers import ChangeObserver, Observers
+from lockservice.server.observing import DEFAULT_MAX_OBSERVERS, KeyObservers, Observation
 from lockservice.server.stats import Stats
 from lockservice.server.timers import Timers
 from lockservice.server.turn import HOLD_RETRY, AnswerTurn, HookGate
@@ -95,18 +96,26 @@ class LockService(Mirroring, Service):
         maxWait: float = 86400.0,
         maxKeys: int = DEFAULT_MAX_KEYS,
         maxWaiters: int = DEFAULT_MAX_WAITERS,
+        maxObservers: int = DEFAULT_MAX_OBSERVERS,
+        lockDelay: float = 0.0,
     ) -> None:
         """
         @param maxKeys: an acquire that would make more keys held (or
             queued for) is refused C{E A <key> too many keys}.
         @param maxWaiters: an acquire that would queue more waiters on one
             key is refused C{E A <key> too many waiters}.
+        @param maxObservers: an observe that would make more observers wait
+            on one key is refused C{E O <key> too many observers}.
+        @param lockDelay: seconds an expired grant keeps its place in its
+            key (0: none), so that a holder that was only paused can notice
+            it lost the lock before anyone else starts.
         """
         self.clock = clock
         self.maxLease = maxLease
         self.maxWait = maxWait
         self.maxKeys = maxKeys
         self.maxWaiters = maxWaiters
+        self.lockDelay = lockDelay
         self.table = LockTable(TokenIssuer(wallMicros))
         self.stats = Stats()
         self.notify = Observers(self._internalError)
@@ -127,6 +136,9 @@ class LockService(Mirroring, Service):
         timers = self.timers
         self.waits, self.leases, self.alarm = timers.waits, timers.leases, timers.alarm
         self.chores = Chores(clock, self._inTurn, self._internalError)
+        self.observing = KeyObservers(self.table.newest, self.runInChunks, maxObservers)
+        # The observed keys, looked at inline by every change.
+        self._observed = self.observing.byKey
         # Whether the grant of the table's pending runs (readers after a
         # writer, free semaphore slots) is under way as a chore.
         self._lettingIn = False
@@ -194,6 +206,15 @@ class LockService(Mirroring, Service):
             finally:
                 if outer:
                     self.answers.close()
+            if self.observing.count:
+                self.runInChunks(self._redirectObservers(activeAddress))
+
+    def serving(self) -> bool:
+        """
+        Whether this node still has clients' waits of its own: active, or
+        handing off (frozen, but its waiters are still its own).
+        """
+        return self.role in _FILED
 
     def beforeAnswer(self) -> bool:
         """
@@ -292,15 +313,78 @@ class LockService(Mirroring, Service):
         self.notify.renewed(now, key, token, grantedAt, expiresAt, owner)
         reply(wire.renewed(key, True))
 
+    def observe(self, observation: Observation, wait: float) -> Optional[bytes]:
+        """
+        C{O}: the answer when it is answered at once (a redirect, a limit,
+        or the key's newest live grant is not the token it sent), or None
+        when it waits for a change (its connection is told through
+        C{finishObserve}).
+        """
+        key = observation.key
+        if self.role != ACTIVE:
+            self.stats.redirects += 1
+            return wire.redirect(b"O", key, self.activeAddress)
+        observing = self.observing
+        answer = observing.answerNow(observation)
+        if answer is not None:
+            return answer
+        if observing.full(key):
+            self.stats.rejectedObservers += 1
+            return wire.BadRequest(b"O", key, "too many observers").answer()
+        observing.add(observation)
+        if wait > 0:
+            self.waits.add(observation, self.clock.seconds() + wait)  # type: ignore[arg-type]
+            self.alarm.arm(observation.deadline)
+        return None
+
+    def unobserve(self, observation: Observation) -> None:
+        """
+        Drop an observer whose connection closed: O(1).
+        """
+        if self.observing.remove(observation):
+            self.timers.forgetWait(observation)  # type: ignore[arg-type]
+
+    def _observedTimedOut(self, observation: Observation) -> None:
+        if self.observing.remove(observation):
+            observation.conn.finishObserve(observation,
+                                           self.observing.state(observation.key))
+
+    def _redirectObservers(self, activeAddress: Optional[bytes]) -> Iterator[None]:
+        for observation in self.observing.takeAll():
+            self.timers.forgetWait(observation)  # type: ignore[arg-type]
+            self.stats.redirects += 1
+            observation.conn.finishObserve(
+                observation, wire.redirect(b"O", observation.key, activeAddress))
+            yield None
+
     def withdraw(self, waiter: PendingAcquire) -> None:
         """
         Drop a waiter whose connection closed: O(1) (amortized).
         """
-        if unqueue(self.table, waiter):
-            self.timers.forgetWait(waiter)
-            self._waitEnded(waiter, WITHDRAWAL)
-            if self.table.pending:
-                self._letIn()  # the waiters behind it may fit now
+        if self._unwait(waiter):
+            self.stats.waitersDropped += 1
+
+    def cancelWait(self, waiter: PendingAcquire) -> bool:
+        """
+        Take a waiter out of its queue because its client withdrew it
+        (C{C}): O(1).  Its connection answers it C{T}.  Also on a node that
+        is handing off: the waiters it still has are its own to withdraw.
+
+        @return: False when it was no longer waiting.
+        """
+        if self._unwait(waiter):
+            self.stats.withdrawals += 1
+            return True
+        return False
+
+    def _unwait(self, waiter: PendingAcquire) -> bool:
+        if not unqueue(self.table, waiter):
+            return False
+        self.timers.forgetWait(waiter)
+        self._waitEnded(waiter, WITHDRAWAL)
+        if self.table.pending:
+            self._letIn()  # the waiters behind it may fit now
+        return True
 
     def _letIn(self) -> None:
         """
@@ -337,6 +421,9 @@ class LockService(Mirroring, Service):
     # -- deadlines (see timers.py) -----------------------------------------
 
     def _timedOut(self, waiter: PendingAcquire, now: float) -> None:
+        if type(waiter) is Observation:
+            self._observedTimedOut(waiter)  # type: ignore[arg-type]
+            return
         if unqueue(self.table, waiter):
             self.stats.timeouts += 1
             self._waitEnded(waiter, TIMEOUT)
@@ -357,12 +444,86 @@ class LockService(Mirroring, Service):
     # -- grants ending, and hand-overs -----------------------------------
 
     def _expire(self, key: bytes, token: int, now: float) -> None:
-        holding = self.table.holding(key)
-        if holding is not None and holding[0] != token:
-            holding = self.table.holdingOf(key, token)  # another grant of a shared key?
-        if holding is None or holding[2] > now:
+        place = self.table.placeOf(key, token)
+        if place is None or place[1] > now:
             return  # released, renewed, handed over or re-installed since
-        self._takeBack(key, holding, now, expired=True)
+        grantedAt, expiresAt, client, delayed = place
+        if delayed:
+            self._endPlace(key, token, now)
+        elif self.lockDelay > 0:
+            self._delay(key, token, grantedAt, expiresAt, client, now)
+        else:
+            self._takeBack(key, (token, grantedAt, expiresAt, client), now, expired=True)
+
+    def _delay(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
+               client: object, now: float) -> None:
+        """
+        Grant C{token} of C{key} expired: with a lock-delay its place stays
+        taken until the delay ends (nobody is let in meanwhile), though the
+        grant itself is over (STALE, and no longer observed).
+        """
+        until = expiresAt + self.lockDelay
+        self.table.startDelay(key, token, until)
+        self.stats.expirations += 1
+        owner = getattr(client, "name", None) if self.activity else None
+        self.notify.dropped(now, key, token, now - grantedAt, True, owner)
+        self.notify.delayed(key, token, until)
+        self.timers.fileLease(key, token, until, shared=True)
+        if key in self._observed:
+            self.observing.changed(key)
+
+    def _endPlace(self, key: bytes, token: int, now: float) -> None:
+        """
+        A place kept by the lock-delay frees (its delay ended, or a
+        force-release ended it): the key goes to its next waiters.
+        """
+        table = self.table
+        orphans: List[Waiter] = []
+        if table.waiterCount:
+            passGone(table, key, self.withdraw)
+        try:
+            _, grant = table.release(key, token, now)
+        except HandOverFailed as e:
+            grant, orphans = None, e.waiters
+        self.notify.delayEnded(key, token)
+        if grant is not None or orphans:
+            self._afterHandOver(grant, orphans, now)
+        if table.pending:
+            self._letIn()
+
+    def forceRelease(self, key: bytes, token: int, reply: Callable[[bytes], object]) -> None:
+        """
+        An operator's release of grant C{token} of C{key}: a release, which
+        also ends every place of the key kept by the lock-delay (C{token}
+        may name one).  C{reply} hears C{R key OK} when anything ended.
+        """
+        if self.role != ACTIVE:
+            self.release(key, token, reply)
+            return
+        answers: List[bytes] = []
+        if self.table.holdingOf(key, token) is not None:
+            self.release(key, token, answers.append)
+        now = self.clock.seconds()
+        ended = False
+        for held, *_, delayed in self.table.sharedGrantsOf(key):
+            if delayed:
+                self._endPlace(key, held, now)
+                ended = True
+        reply(wire.released(key, ended or answers == [wire.released(key, True)]))
+
+    def endGrant(self, key: bytes, token: int) -> None:
+        """
+        End grant C{token} of C{key} whether it holds the key or only keeps
+        its place after its expiry (a release answered by a peer, learned
+        on a heal: the release wins).
+        """
+        place = self.table.placeOf(key, token)
+        if place is None:
+            return
+        if place[3]:
+            self._endPlace(key, token, self.clock.seconds())
+        else:
+            self.release(key, token, lambda answer: None)
 
     def _takeBack(self, key: bytes, holding: Tuple[int, float, float, object], now: float,
                   expired: bool, reply: Optional[Callable[[bytes], object]] = None) -> None:
@@ -396,6 +557,8 @@ class LockService(Mirroring, Service):
             reply(wire.released(key, True))
         if grant is not None or orphans:
             self._afterHandOver(grant, orphans, now)
+        if grant is None and key in self._observed:
+            self.observing.changed(key)  # (a hand-over's grant tells them)
         if table.pending:
             self._letIn()
 
@@ -417,6 +580,8 @@ class LockService(Mirroring, Service):
             self.timers.fileAll()
         self.notify.granted(now, grant.key, grant.token, grant.expiresAt, waited,
                             grant.waiter, conn)
+        if self._observed and grant.key in self._observed:
+            self.observing.changed(grant.key)
 
     def _afterHandOver(self, grant: Optional[Grant], orphans: List[Waiter], now: float) -> None:
         """
@@ -466,4 +631,5 @@ class LockService(Mirroring, Service):
         super().stopService()
         self.answers.close()
         self._takeWaiters()
+        self.observing.takeAll()
         self.timers.stop()

@@ -19,6 +19,10 @@ class Stats:
         self.renewalsStale = 0
         self.expirations = 0
         self.timeouts = 0
+        # Queued acquires withdrawn by their client (C), and those dropped
+        # because their connection went away.
+        self.withdrawals = 0
+        self.waitersDropped = 0
         self.redirects = 0
         self.errors = 0
         self.connections = 0
@@ -27,6 +31,7 @@ class Stats:
         # a connection closed for collecting STALE answers.
         self.rejectedKeys = 0
         self.rejectedWaiters = 0
+        self.rejectedObservers = 0
         self.rejectedConnections = 0
         self.staleFloods = 0
         # Grants an active node took from a peer's offer on a heal.

@@ -115,8 +115,8 @@ class Timers(Generic[W]):
         entries).
         """
         self.leases.clear()
-        for key, token, _, expiresAt, share in self.table.everyGrant():
-            self.leases.file(key, token, expiresAt, share != EXCLUSIVE)
+        for key, token, _, expiresAt, share, _, delayed in self.table.everyGrant():
+            self.leases.file(key, token, expiresAt, share != EXCLUSIVE or delayed)
         self.alarm.rearm()
 
     def forgetWaits(self) -> None:

@@ -22,6 +22,8 @@ class AnswerSink(Protocol):
     """
 
     name: str
+    # The name it sent with I (None before): the holder name of its grants.
+    ident: Optional[bytes]
     # True once the client is gone: its waiters are withdrawn lazily, and
     # a hand-over passes them by meanwhile.
     gone: bool
