@@ -164,6 +164,10 @@ func Ask(addr string, cfg *tls.Config, line string) string {
 	}
 	defer nc.Close()
 	if cfg != nil {
+		cfg = cfg.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
 		nc = tls.Client(nc, cfg)
 	}
 	nc.SetDeadline(time.Now().Add(2 * time.Second))
