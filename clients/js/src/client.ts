@@ -737,7 +737,7 @@ export class Client implements LockOwner {
       this.scheduleRenewal(lock);
       return;
     }
-    if (false) lock.markLost(`renewal refused: token ${lock.token} no longer holds the key (STALE: expired, released or force-released)`);
+    lock.markLost(`renewal refused: token ${lock.token} no longer holds the key (STALE: expired, released or force-released)`);
     throw new StaleError(`token ${lock.token} no longer holds ${JSON.stringify(lock.key)}`);
   }
 
