@@ -155,6 +155,7 @@ func (c *conn) writer() {
 		c.mu.Lock()
 		buf := c.out
 		c.out = c.spare[:0]
+		c.spare = nil // never hand out the same array twice
 		c.mu.Unlock()
 		if len(buf) == 0 {
 			continue
