@@ -438,17 +438,25 @@ describe("keep-alive", { concurrency: true }, () => {
 
   test("a refused renewal (STALE) is a lost event, once, and aborts lock.signal", async (t) => {
     const { fake, client } = await fakeAndClient(t);
-    const lock = await client.acquire("kst", { lease: 0.6, keepalive: true });
+    const lock = await client.acquire("kst", { lease: 3, keepalive: true });
+    let staleAt = 0;
     fake.hook = (c, line) => {
       if (line.startsWith("N kst ")) {
+        staleAt = performance.now();
         c.send("N kst STALE");
         return true;
       }
       return false;
     };
     const events: LockLostError[] = [];
-    lock.on("lost", (e) => events.push(e));
-    await waitFor(() => events.length > 0, 2000, "lost");
+    let lostAt = 0;
+    lock.on("lost", (e) => {
+      lostAt = performance.now();
+      events.push(e);
+    });
+    await waitFor(() => events.length > 0, 2500, "lost (the renewal is due after a second)");
+    assert.ok(lostAt - staleAt < 300, `told ${lostAt - staleAt} ms after the STALE answer, not when the lease ran out`);
+    assert.match(events[0]!.reason, /refused/);
     await sleep(400);
     assert.equal(events.length, 1);
     assert.equal(events[0]!.key, "kst");

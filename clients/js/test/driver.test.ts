@@ -244,15 +244,16 @@ describe("driver commands", { concurrency: true }, () => {
       }
       return false;
     };
-    driver.send({ id: 1, op: "acquire", key: "ka", lease: 0.6, wait: 1, keepalive: true });
+    // Renewals are due a third of the lease in, refused at once; the lease itself would run out much later.
+    driver.send({ id: 1, op: "acquire", key: "ka", lease: 3, wait: 1, keepalive: true });
     const granted = await driver.result(1);
     driver.send({ id: 2, op: "acquire", key: "plain", lease: 0.3, wait: 1 });
     await driver.result(2);
-    const lost = await driver.next((o) => o["event"] === "lost", 3000);
+    const lost = await driver.next((o) => o["event"] === "lost", 2500);
     assert.deepEqual(lost, { event: "lost", key: "ka", token: granted["token"] });
-    driver.send({ id: 3, op: "campaign", election: "lead", value: "v", lease: 0.6 });
+    driver.send({ id: 3, op: "campaign", election: "lead", value: "v", lease: 3 });
     const won = await driver.result(3);
-    const lostLead = await driver.next((o) => o["event"] === "lost" && o["key"] === "lead", 3000);
+    const lostLead = await driver.next((o) => o["event"] === "lost" && o["key"] === "lead", 2500);
     assert.equal(lostLead["token"], won["token"]);
     await sleep(300);
     assert.equal(driver.out.filter((o) => o["event"] === "lost").length, 2, "nothing for the lock without keep-alive");
