@@ -20,6 +20,7 @@ from twisted.python import usage
 from lockservice.core.wire import checkSeconds
 from lockservice.internals import dispatchWithoutLogContext, raiseBindErrorsAtStart
 from lockservice.server.clock import useMonotonicTime, wallMicros
+from lockservice.server.observing import DEFAULT_MAX_OBSERVERS
 from lockservice.server.protocol import DEFAULT_MAX_CONNECTIONS, PEER_RESERVE, LockFactory
 from lockservice.server.service import DEFAULT_MAX_KEYS, DEFAULT_MAX_WAITERS, LockService
 from lockservice.tcp import clientEndpoint
@@ -50,6 +51,17 @@ def _count(name: str):  # type: ignore[no-untyped-def]
         return int(text)
 
     return parse
+
+
+# The longest --lock-delay: a grant's place may stay taken a minute at most.
+MAX_LOCK_DELAY = 60.0
+
+
+def _lockDelay(text: str) -> float:
+    try:
+        return checkSeconds(text, "--lock-delay", positive=False, maximum=MAX_LOCK_DELAY)
+    except ValueError as e:
+        raise usage.UsageError(str(e)) from None
 
 
 def parseAddress(text: str) -> tuple[str, int]:
@@ -96,6 +108,13 @@ class Options(usage.Options):
         ["max-waiters", None, DEFAULT_MAX_WAITERS,
          "Most acquires queued on one key; more: E A <key> too many waiters.",
          _count("max-waiters")],
+        ["max-observers", None, DEFAULT_MAX_OBSERVERS,
+         "Most observers (O) waiting on one key; more: E O <key> too many observers.",
+         _count("max-observers")],
+        ["lock-delay", None, 0.0,
+         "Seconds an expired grant keeps its place in its key, so that a holder that "
+         "was only paused notices it lost the lock before anyone else starts (0 to "
+         "60; 0, the default: off).", _lockDelay],
         ["max-connections", None, DEFAULT_MAX_CONNECTIONS,
          "Most client connections open at once (peers not counted; lowered to fit "
          "the file descriptor limit); more: E * * too many connections.",
@@ -521,6 +540,7 @@ def makeService(config: Options) -> IService:
     locks = LockService(
         reactor, wallMicros, maxLease=config["max-lease"], maxWait=config["max-wait"],  # type: ignore[arg-type]
         maxKeys=config["max-keys"], maxWaiters=config["max-waiters"],
+        maxObservers=config["max-observers"], lockDelay=config["lock-delay"],
     )
     locks.setServiceParent(root)
     tls: Optional[NodeTLS] = config["tls"]

@@ -10,7 +10,7 @@ from typing import Any, List, Optional
 
 from lockservice.internals import END_OF_INPUT, RESET
 from lockservice.server.hangups import SWEEP_INTERVAL
-from tests.test_protocol import Conn, Node, token
+from tests.support.protocol import Conn, Node, token
 
 
 class Check:

@@ -17,7 +17,7 @@ from lockservice.server.deadlocks import WAIT_ENTERS_AFTER
 from lockservice.server.http import makeRoot
 from lockservice.server.monitor import Monitor
 from lockservice.testing.harness import LineClient, Node, freePort, waitFor
-from tests.test_protocol import Node as ProtocolNode
+from tests.support.protocol import Node as ProtocolNode
 
 
 def stubFor(node: "ProtocolNode", root: Any) -> StubTreq:

@@ -21,7 +21,7 @@ from lockservice.server.protocol import (
     STALE_LIMIT,
 )
 from lockservice.server.service import CHUNK_BUDGET
-from tests.test_protocol import Node, token
+from tests.support.protocol import Node, token
 
 TOO_MANY = b"E * * too many connections\n"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import List
 
 from lockservice.server.chores import CHUNK_BUDGET
-from tests.test_protocol import Node, token
+from tests.support.protocol import Node, token
 
 
 def test_readers_share_a_writer_waits_and_a_late_reader_does_not_overtake_it() -> None:

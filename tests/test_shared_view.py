@@ -13,9 +13,9 @@ import pytest
 
 from lockservice.server import http
 from lockservice.server.deadlocks import WAIT_ENTERS_AFTER
+from tests.support.protocol import T0
+from tests.support.protocol import Node as ProtocolNode
 from tests.test_http import SECRET, fetch, post, withMonitor
-from tests.test_protocol import T0
-from tests.test_protocol import Node as ProtocolNode
 
 
 @pytest.fixture

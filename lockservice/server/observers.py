@@ -18,7 +18,7 @@ more than a note, which saves two calls per acquire and release (issue 20).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Protocol, Sequence
 
 from lockservice.core.table import Change
 from lockservice.server.changelog import DROPPED, FOLD_AT, GRANTED

@@ -83,15 +83,21 @@ class KeyObservers:
 
     def __init__(self, newest: Callable[[bytes], Tuple[int, Optional[bytes]]],
                  runInChunks: Callable[[Iterator[object]], None],
+                 later: Callable[[Callable[[], None]], object],
                  maxObservers: int = DEFAULT_MAX_OBSERVERS) -> None:
         """
         @param newest: C{(token, holder name)} of a key's newest live grant
             (L{lockservice.core.table.LockTable.newest}).
         @param runInChunks: runs background work a bounded chunk per
             reactor turn.
+        @param later: calls its argument on the next reactor turn: the
+            wake-up starts once the turn that changed the key is over, so
+            several changes in one turn wake an observer once, with their
+            outcome.
         """
         self.newest = newest
         self.runInChunks = runInChunks
+        self.later = later
         self.maxObservers = maxObservers
         self.byKey: Dict[bytes, Groups] = {}
         self._counts: Dict[bytes, int] = {}
@@ -183,7 +189,7 @@ class KeyObservers:
         self._changed[key] = None
         if not self._waking:
             self._waking = True
-            self.runInChunks(self._wake())
+            self.later(lambda: self.runInChunks(self._wake()))
 
     def _wake(self) -> Iterator[None]:
         try:

@@ -35,6 +35,7 @@ from lockservice.server.admission import (  # noqa: F401 (re-exported for the te
     StaleWindow,
 )
 from lockservice.server.hangups import HangUpSweep
+from lockservice.server.observing import Observation
 from lockservice.server.reading import (  # noqa: F401 (re-exported for the tests)
     MAX_HELD_BACK_BYTES,
     MAX_QUEUED_ACQUIRES,
@@ -44,7 +45,6 @@ from lockservice.server.reading import (  # noqa: F401 (re-exported for the test
     PacedReceiver,
     ReadBudget,
 )
-from lockservice.server.observing import Observation
 from lockservice.server.service import LockService, PendingAcquire
 from lockservice.tcp import noDelay
 
@@ -71,6 +71,9 @@ PeerAcceptor = Callable[[Any, bytes], PeerHandler]
 
 
 _ADMITTED, _PROBATION, _REFUSED = ADMITTED, PROBATION, REFUSED
+# The answer of an observer held back behind an earlier one: the key's
+# state, read when it is written.
+_STATE_WHEN_WRITTEN = b""
 
 
 @implementer(IHalfCloseableProtocol)
@@ -432,13 +435,19 @@ class LockProtocol(PacedReceiver):
         """
         if self.gone:
             return
+        queue = self._observing[observation.key]
+        if queue[0] is not observation and answer[:2] == b"O ":
+            # Held back behind an earlier O of the key: it reports the
+            # key's state as it is when it is written.
+            answer = _STATE_WHEN_WRITTEN
         observation.answer = answer
         self._heldBytes += len(answer)
-        queue = self._observing[observation.key]
         while queue and queue[0].answer is not None:
             answer = queue.popleft().answer  # type: ignore[assignment]
             self._queued -= 1
             self._heldBytes -= len(answer)
+            if answer is _STATE_WHEN_WRITTEN:
+                answer = self.service.observing.state(observation.key)
             self.write(answer)
         if not queue:
             del self._observing[observation.key]

@@ -136,7 +136,8 @@ class LockService(Mirroring, Service):
         timers = self.timers
         self.waits, self.leases, self.alarm = timers.waits, timers.leases, timers.alarm
         self.chores = Chores(clock, self._inTurn, self._internalError)
-        self.observing = KeyObservers(self.table.newest, self.runInChunks, maxObservers)
+        self.observing = KeyObservers(self.table.newest, self.runInChunks,
+                                      lambda work: clock.callLater(0, work), maxObservers)
         # The observed keys, looked at inline by every change.
         self._observed = self.observing.byKey
         # Whether the grant of the table's pending runs (readers after a
@@ -278,8 +279,10 @@ class LockService(Mirroring, Service):
             reply(wire.redirect(b"R", key, self.activeAddress))
             return
         holding = self.table.holding(key)
-        if holding is not None and holding[0] != token:
-            holding = self.table.holdingOf(key, token)  # another grant of a shared key?
+        if holding is None or holding[0] != token:
+            # Another grant of a shared key (the one shown may also be a
+            # place kept by the lock-delay)?
+            holding = self.table.holdingOf(key, token)
         if holding is None:
             self.stats.releasesStale += 1
             reply(wire.released(key, False))
