@@ -36,7 +36,26 @@ func dialT(t *testing.T, addrs []string, opts ...Option) *Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	// Every connection up, so that tests see the round-robin they expect.
+	deadline := time.Now().Add(bound)
+	for !allUp(c.pool) {
+		if time.Now().After(deadline) {
+			t.Fatal("connections not all up")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	return c
+}
+
+func allUp(p *pool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.slots {
+		if s.conn == nil || !s.conn.usable() {
+			return false
+		}
+	}
+	return true
 }
 
 func ctxT(t *testing.T) context.Context {
