@@ -102,7 +102,8 @@ function field(command: Json, name: string, type: "string" | "number" | "boolean
 function field(command: Json, name: string, type: "string" | "number" | "boolean", required: false): string | number | boolean | undefined;
 function field(command: Json, name: string, type: "string" | "number" | "boolean", required: boolean): string | number | boolean | undefined {
   const value = command[name];
-  if (value === undefined) {
+  // An optional field given as null is an omitted one.
+  if (value === undefined || (value === null && !required)) {
     if (required) throw new BadCommand(`missing field ${JSON.stringify(name)}`);
     return undefined;
   }

@@ -131,6 +131,8 @@ describe("driver commands", { concurrency: true }, () => {
     assert.deepEqual(answers, bad.map(([, id]) => id));
     await sleep(100);
     assert.equal(fake.received.length, before, "nothing refused reached the node");
+    driver.send({ id: 39, op: "acquire", key: "nulls", lease: 1, wait: 1, share: null, keepalive: null });
+    assert.equal((await driver.result(39))["ok"], true, "null optional fields are omitted ones");
     driver.send({ id: 40, op: "acquire", key: "alive", lease: 1, wait: 1 });
     assert.equal((await driver.result(40))["ok"], true, "the driver goes on");
   });
