@@ -335,6 +335,36 @@ func TestReleaseRetriedAcrossDrops(t *testing.T) {
 	}
 }
 
+// A release copy that gets no answer is sent again 200 ms later, on the
+// other connection.
+func TestReleaseRetriedEvery200ms(t *testing.T) {
+	s := startFake(t)
+	c := dialT(t, []string{s.Addr})
+	ctx := ctxT(t)
+	l, err := c.Acquire(ctx, "k", AcquireOptions{Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int32
+	s.SetHook(func(cn *fakeserver.Conn, line string) bool {
+		return strings.HasPrefix(line, "R ") && n.Add(1) == 1 // the first copy is lost
+	})
+	start := time.Now()
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("release took %v", el)
+	}
+	rs := linesWith(s, "R ")
+	if len(rs) != 2 || rs[0].Conn == rs[1].Conn {
+		t.Fatalf("copies %+v", rs)
+	}
+	if gap := rs[1].At.Sub(rs[0].At); gap < 150*time.Millisecond || gap > time.Second {
+		t.Fatalf("second copy after %v, want 200 ms", gap)
+	}
+}
+
 func TestReleaseGivesUpAfterFiveSeconds(t *testing.T) {
 	s := startFake(t)
 	c := dialT(t, []string{s.Addr})
