@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/lockservice/lockservice/clients/go/internal/fakeserver"
+	"github.com/lockservice/lockservice/clients/go/internal/testcerts"
+	"github.com/lockservice/lockservice/clients/go/internal/testnode"
 )
 
 var driverBin string
@@ -441,5 +443,76 @@ func TestConcurrentCommands(t *testing.T) {
 	}
 	if r := p.next(); !sameID(r["id"], 1) || r["error"] != "timeout" {
 		t.Fatalf("slow: %v", r)
+	}
+}
+
+func TestDriverTLSFlags(t *testing.T) {
+	certs, err := testcerts.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := fakeserver.Start(certs.ServerConfig(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	p := startDriver(t, "--addrs", s.Addr, "--tls-ca", certs.CAFile, "--tls-cert", certs.ClientCert, "--tls-key", certs.ClientKey)
+	p.send(`{"id":1,"op":"acquire","key":"k","lease":5,"wait":1}`)
+	if r, _ := p.result(1); r["ok"] != true {
+		t.Fatalf("acquire over mutual TLS: %v", r)
+	}
+	// Without the client certificate the node refuses the connection.
+	q := startDriver(t, "--addrs", s.Addr, "--tls-ca", certs.CAFile)
+	q.send(`{"id":1,"op":"acquire","key":"k2","lease":5,"wait":1}`)
+	if r, _ := q.result(1); r["error"] != "no_connection" {
+		t.Fatalf("acquire without a client certificate: %v", r)
+	}
+}
+
+func TestDriverRealNode(t *testing.T) {
+	n := testnode.Lone(t, testnode.Options{}, nil)
+	p := startDriver(t, "--addrs", n.Addr, "--name", "drv")
+	q := startDriver(t, "--addrs", n.Addr, "--name", "other")
+	p.send(`{"id":1,"op":"acquire","key":"k","lease":30,"wait":5}`)
+	r, _ := p.result(1)
+	tok, _ := r["token"].(string)
+	if r["ok"] != true || tok == "" {
+		t.Fatalf("acquire: %v", r)
+	}
+	q.send(`{"id":1,"op":"observe","key":"k","token":"0","wait":5}`)
+	if r, _ := q.result(1); r["ok"] != true || r["token"] != tok || !strings.HasPrefix(r["holder"].(string), "drv#") {
+		t.Fatalf("observe (v4 O): %v", r)
+	}
+	// A queued acquire, cancelled: withdrawn (v4 C), so after the release
+	// the key is free for a third party at once.
+	q.send(`{"id":2,"op":"acquire","key":"k","lease":30,"wait":0}`)
+	time.Sleep(200 * time.Millisecond)
+	q.send(`{"id":3,"op":"cancel","target":2}`)
+	first, second := q.next(), q.next()
+	if !sameID(first["id"], 2) || first["error"] != "cancelled" || !sameID(second["id"], 3) || second["ok"] != true {
+		t.Fatalf("cancel: %v then %v", first, second)
+	}
+	p.send(`{"id":2,"op":"release","key":"k","token":"` + tok + `"}`)
+	if r, _ := p.result(2); r["ok"] != true {
+		t.Fatalf("release: %v", r)
+	}
+	p.send(`{"id":3,"op":"acquire","key":"k","lease":30,"wait":2}`)
+	if r, _ := p.result(3); r["ok"] != true {
+		t.Fatalf("key not free after the withdrawal (v4 C): %v", r)
+	}
+	p.send(`{"id":4,"op":"campaign","election":"e","value":"alpha","lease":5}`)
+	r, _ = p.result(4)
+	etok := r["token"]
+	q.send(`{"id":4,"op":"leader","election":"e"}`)
+	if r, _ := q.result(4); r["value"] != "alpha" || r["token"] != etok {
+		t.Fatalf("leader: %v", r)
+	}
+	p.send(`{"id":5,"op":"close"}`)
+	if r, _ := p.result(5); r["ok"] != true {
+		t.Fatalf("close: %v", r)
+	}
+	q.send(`{"id":5,"op":"leader","election":"e"}`)
+	if r, _ := q.result(5); r["value"] != nil || r["token"] != "0" {
+		t.Fatalf("leader after close: %v", r)
 	}
 }
