@@ -14,6 +14,8 @@ import { pairOf, type Address } from "./wire.js";
 export const READY_TIMEOUT_MS = 5000;
 /** A connection suspected of stalling must answer a `P` within this, or it is cut. */
 export const PROBE_TIMEOUT_MS = 3000;
+/** A connection left for a redirect's target is closed after this, answered or not. */
+export const RETIRE_TIMEOUT_MS = 5000;
 /** Answers longer than this without a newline: the peer is not a lockservice node. */
 const MAX_BUFFERED = 1 << 20;
 
@@ -180,10 +182,15 @@ export class Connection {
     );
   }
 
-  /** Close once every pending answer is in (at once when none is pending). */
+  /**
+   * Close once every pending answer is in (at once when none is pending),
+   * or after {@link RETIRE_TIMEOUT_MS} at the latest.
+   */
   retire(): void {
+    if (this.retiring) return;
     this.retiring = true;
     if (this.pendingCount === 0) this.end();
+    else setTimeout(() => this.end(), RETIRE_TIMEOUT_MS).unref();
   }
 
   /** Closes our sending side; the node then closes its own. */
