@@ -288,6 +288,26 @@ describe("driver commands", { concurrency: true }, () => {
     assert.equal(fake.linesMatching(new RegExp(`^R eof ${held["token"]}$`)).length, 1);
   });
 
+  test("a node that never answers holds no command forever", async (t) => {
+    const { fake, driver } = await driverAndFake(t);
+    driver.send({ id: 1, op: "acquire", key: "held", lease: 2, wait: 2 });
+    const held = await driver.result(1);
+    await waitFor(() => fake.live.length === 2, 5000, "both connections");
+    fake.silent = true;
+    const started = performance.now();
+    driver.send({ id: 2, op: "acquire", key: "s", lease: 5, wait: 1 });
+    driver.send({ id: 3, op: "renew", key: "held", token: held["token"], lease: 5 });
+    driver.send({ id: 4, op: "release", key: "s2", token: "77" });
+    const acquired = await driver.result(2);
+    assert.ok(["timeout", "no_connection"].includes(acquired["error"] as string), JSON.stringify(acquired));
+    assert.ok(performance.now() - started < 4000, "the acquire ends at most 3 s after its wait");
+    assert.equal((await driver.result(3))["error"], "no_connection");
+    assert.ok(performance.now() - started < 4000, "the renew ends by the time the lease runs out");
+    assert.equal((await driver.result(4))["error"], "no_connection");
+    const took = performance.now() - started;
+    assert.ok(took > 4500 && took < 7000, `the release ends after its 5 s of retries (${took} ms)`);
+  });
+
   test("no usable connection: no_connection, quickly", async (t) => {
     const driver = new DriverProcess(["--addrs", `127.0.0.1:${await freePort()}`]);
     t.after(() => driver.kill());
