@@ -442,7 +442,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // work). It returns the answer and when the answered copy was sent.
 func (c *Client) retried(ctx context.Context, p *pool, opName string, op byte, key, line string,
 	giveUp time.Time, wanted func() bool) ([]string, time.Time, error) {
-	ch := make(chan reply, 64)
+	if p.isClosed() {
+		return nil, time.Time{}, newError(ErrNoConnection, opName, key, "client closed")
+	}
+	// Room for every reply that can be on its way at once (a copy per
+	// connection, plus drops), so that no reader ever blocks on it.
+	ch := make(chan reply, 4*len(p.slots)+8)
 	carrying := map[*conn]bool{}
 	var stale *reply
 	problem := "no connection up"

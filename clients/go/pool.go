@@ -42,6 +42,7 @@ type pool struct {
 	next    int
 	closed  bool
 	changed chan struct{} // closed and replaced on any change
+	watched bool          // someone holds changed: close it at the next change
 	done    chan struct{}
 }
 
@@ -68,8 +69,11 @@ func newPool(homes []string, name string, tlsConf *tls.Config,
 // reservation freed).
 func (p *pool) turn() {
 	p.mu.Lock()
-	close(p.changed)
-	p.changed = make(chan struct{})
+	if p.watched {
+		close(p.changed)
+		p.changed = make(chan struct{})
+		p.watched = false
+	}
 	p.mu.Unlock()
 }
 
@@ -77,6 +81,7 @@ func (p *pool) turn() {
 func (p *pool) watch() <-chan struct{} {
 	p.mu.Lock()
 	ch := p.changed
+	p.watched = true
 	p.mu.Unlock()
 	return ch
 }
