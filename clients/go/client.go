@@ -243,6 +243,7 @@ func (c *Client) acquire(ctx context.Context, p *pool, op, key, share string, o 
 	leaseField := formatSeconds(o.Lease)
 	waitField := formatSeconds(o.Wait)
 	sends, drops, redirects := 0, 0, 0
+	queued := false
 	var noConnSince time.Time
 	for {
 		if err := ctx.Err(); err != nil {
@@ -252,12 +253,15 @@ func (c *Client) acquire(ctx context.Context, p *pool, op, key, share string, o 
 			return nil, newError(ErrNoConnection, op, key, "client closed")
 		}
 		now := time.Now()
-		if sends > 0 && o.Wait > 0 && !now.Before(deadline) {
+		if (sends > 0 || queued) && o.Wait > 0 && !now.Before(deadline) {
 			return nil, newError(ErrTimeout, op, key, "not granted within "+o.Wait.String())
 		}
 		changed := p.watch()
 		cn, anyUp := p.pickReserved('A', key)
 		if cn == nil {
+			// Every connection up already carries an acquire of this key:
+			// wait for a turn, in the client's own queue.
+			queued = anyUp
 			if !anyUp {
 				if noConnSince.IsZero() {
 					noConnSince = now
@@ -268,14 +272,18 @@ func (c *Client) acquire(ctx context.Context, p *pool, op, key, share string, o 
 			} else {
 				noConnSince = time.Time{}
 			}
-			poll := time.NewTimer(100 * time.Millisecond)
+			step := 100 * time.Millisecond
+			if left := time.Until(deadline); o.Wait > 0 && queued && left < step {
+				step = left
+			}
+			poll := time.NewTimer(step)
 			select {
 			case <-changed:
 			case <-poll.C:
 			case <-ctx.Done():
 			case <-hard:
 				poll.Stop()
-				if sends == 0 {
+				if sends == 0 && !queued {
 					return nil, newError(ErrNoConnection, op, key, "no connection within the wait: "+p.lastError())
 				}
 				return nil, newError(ErrTimeout, op, key, "not granted within "+o.Wait.String())

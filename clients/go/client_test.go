@@ -545,6 +545,32 @@ func TestOneOutstandingAcquirePerKeyPerConnection(t *testing.T) {
 	}
 }
 
+// An acquire waiting for its turn in the client (both connections carry
+// an acquire of the key) ends with ErrTimeout when its wait runs out.
+func TestTurnWaitTimesOut(t *testing.T) {
+	s := startFake(t)
+	c := dialT(t, []string{s.Addr})
+	ctx := ctxT(t)
+	s.Grant("k", "other", 60)
+	for i := 0; i < 2; i++ {
+		go c.Acquire(ctx, "k", AcquireOptions{Lease: time.Minute, Wait: 5 * time.Second})
+	}
+	if !s.Wait(bound, countPrefix("A k", 2)) {
+		t.Fatal("two acquires not sent")
+	}
+	start := time.Now()
+	_, err := c.Acquire(ctx, "k", AcquireOptions{Lease: time.Minute, Wait: 300 * time.Millisecond})
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("err %v", err)
+	}
+	if el := time.Since(start); el > 1500*time.Millisecond {
+		t.Fatalf("took %v", el)
+	}
+	if n := len(s.Texts("A k")); n != 2 {
+		t.Fatalf("%d A lines", n)
+	}
+}
+
 func TestOneOutstandingObservePerKeyPerConnection(t *testing.T) {
 	s := startFake(t)
 	c := dialT(t, []string{s.Addr})

@@ -81,6 +81,12 @@ func (c *Client) observeOnce(ctx context.Context, op, key, since string, wait ti
 		cn, anyUp := p.pickReserved('O', key)
 		if cn == nil {
 			now := time.Now()
+			if anyUp && wait > 0 && !now.Before(start.Add(wait)) {
+				// Waited our turn the whole wait: nothing was seen to change.
+				st := State{Key: key}
+				st.Token, _ = ParseToken(since)
+				return st, newError(ErrTimeout, op, key, "nothing changed within "+wait.String())
+			}
 			if !anyUp {
 				if noConnSince.IsZero() {
 					noConnSince = now
@@ -91,7 +97,11 @@ func (c *Client) observeOnce(ctx context.Context, op, key, since string, wait ti
 			} else {
 				noConnSince = time.Time{}
 			}
-			poll := time.NewTimer(100 * time.Millisecond)
+			step := 100 * time.Millisecond
+			if left := time.Until(start.Add(wait)); wait > 0 && anyUp && left > 0 && left < step {
+				step = left
+			}
+			poll := time.NewTimer(step)
 			select {
 			case <-changed:
 			case <-poll.C:
