@@ -208,14 +208,26 @@ def test_pipelined_answers_paired_by_op_and_key_in_send_order() -> None:
     d1 = client.acquire("k", 30, 0)
     d2 = client.acquire("k", 30, 0)
     d3 = client.acquire("other", 30, 0)
-    assert conn.sent() == [b"A k 30 0", b"A k 30 0", b"A other 30 0"]
+    # At most one outstanding A per key per connection: the second A of k
+    # waits its turn (so a C always means the request it should).
+    assert conn.sent() == [b"A k 30 0", b"A other 30 0"]
     conn.answer(b"A other 7")
     conn.answer(b"A k 5")
+    other, k = result(d3), result(d1)
+    assert other.token == 7 and k.token == 5
+    assert conn.sent() == [b"A k 30 0"]
     conn.answer(b"T k")
-    assert result(d3).token == 7
-    assert result(d1).token == 5
     with pytest.raises(LockTimeout):
         result(d2)
+    # Equal pairs of other ops are pipelined and answered in send order.
+    r1 = client.release(k)
+    r2 = client.release(other)
+    r3 = client.release(Lock("k", 6))
+    assert conn.sent() == [b"R k 5", b"R other 7", b"R k 6"]
+    conn.answer(b"R other OK")
+    conn.answer(b"R k OK")
+    conn.answer(b"R k STALE")
+    assert result(r1) is True and result(r2) is True and result(r3) is False
 
 
 def test_error_answer_is_a_rejection_with_message() -> None:
@@ -343,6 +355,28 @@ def test_release_gives_up_after_5s() -> None:
     assert failureOf(r).check(ReleaseFailed)
 
 
+@pytest.mark.parametrize("wait, bound", [(2, 2.0), (0, 10.0)])
+def test_no_active_node_is_asked_again_until_the_wait_runs_out_then_no_connection(
+        wait: float, bound: float) -> None:
+    """
+    M A k * (no active known right now) is retried until the acquire's
+    wait runs out (10 s when it waits for ever), then it is a
+    NoConnection, not a timeout.
+    """
+    clock, net, client = makeClient(["a:1"])
+    d = client.acquire("k", 30, wait)
+    asked = 0
+    while not d.called and clock.seconds() < bound + 5:
+        for c in net.connections:
+            for _ in c.sent():
+                asked += 1
+                c.answer(b"M A k *")
+        clock.advance(0.05)
+    assert failureOf(d).check(NoConnection)
+    assert bound <= clock.seconds() <= bound + 0.6
+    assert asked >= bound / 0.2
+
+
 def test_cancelled_acquire_releases_a_late_grant() -> None:
     clock, net, client = makeClient(["a:1"])
     d = client.acquire("k", 30, 0)
@@ -350,18 +384,50 @@ def test_cancelled_acquire_releases_a_late_grant() -> None:
     carrier.sent()
     d.cancel()
     assert failureOf(d).check(CancelledError)
+    # Withdrawn at once; the grant crossed the withdrawal: released.
+    assert carrier.sent() == [b"C k"]
     carrier.answer(b"A k 77")
+    carrier.answer(b"C k NONE")
     lines = [line for c in net.connections for line in c.sent()]
     assert lines == [b"R k 77"]
 
 
-def test_cancelled_acquire_that_times_out_sends_nothing() -> None:
+def test_a_cancelled_acquire_is_withdrawn_and_its_T_releases_nothing() -> None:
     clock, net, client = makeClient(["a:1"])
     d = client.acquire("k", 30, 1)
     carrier = net.carrier()
     carrier.sent()
     d.cancel()
+    assert carrier.sent() == [b"C k"]
     carrier.answer(b"T k")
+    carrier.answer(b"C k OK")
+    assert [line for c in net.connections for line in c.sent()] == []
+
+
+def test_an_acquire_cancelled_before_any_connection_is_up_is_never_sent() -> None:
+    clock, net, client = makeClient(["a:1"], down=["a:1"])
+    d = client.acquire("k", 30, 0)
+    d.cancel()
+    failureOf(d).trap(CancelledError)
+    net.down["a:1"] = False
+    clock.advance(3)  # the redial succeeds
+    assert net.connections and all(c.sent() == [] for c in net.connections)
+
+
+def test_a_second_acquire_of_a_key_waits_for_a_free_connection_and_its_cancel_is_quiet(
+        ) -> None:
+    clock, net, client = makeClient(["a:1"])
+    first, second = client.acquire("k", 30, 0), client.acquire("k", 30, 0)
+    sent = [line for c in net.connections for line in c.sent()]
+    assert sent == [b"A k 30 0", b"A k 30 0"]  # one on each of the two connections
+    third = client.acquire("k", 30, 0)
+    assert [line for c in net.connections for line in c.sent()] == []  # waits its turn
+    third.cancel()
+    failureOf(third).trap(CancelledError)
+    for c in net.connections:
+        c.answer(b"T k")
+    failureOf(first).trap(LockTimeout)
+    failureOf(second).trap(LockTimeout)
     assert [line for c in net.connections for line in c.sent()] == []
 
 
@@ -456,6 +522,7 @@ def test_unanswered_acquire_times_out_client_side_and_late_grant_is_released() -
     assert not d.called
     clock.advance(0.1)
     assert failureOf(d).check(LockTimeout)
+    assert carrier.sent() == [b"C k"]  # withdrawn, should the node wake up
     carrier.answer(b"A k 99")  # the stalled grant finally arrives
     assert [line for c in net.connections for line in c.sent()] == [b"R k 99"]
 
@@ -751,8 +818,9 @@ def test_a_cancelled_read_lock_releases_its_late_grant() -> None:
     assert carrier.sent() == [b"A k 30 0 r"]
     d.cancel()
     failureOf(d).trap(CancelledError)
+    assert carrier.sent() == [b"C k"]
     carrier.answer(b"A k 12")
-    assert net.carrier().sent() == [b"R k 12"]
+    assert [line for c in net.connections for line in c.sent()] == [b"R k 12"]
 
 
 def test_an_e_answer_for_a_kind_mismatch_is_a_rejection() -> None:

@@ -135,6 +135,7 @@ def test_cancelled_acquire_never_renews() -> None:
     carrier = net.carrier()
     carrier.sent()
     d.cancel()
+    assert carrier.sent() == [b"C k"]
     carrier.answer(b"A k 7")  # the late grant is released, not kept alive
     seen = run(clock, net, 100)
     assert {line for _, line in seen} == {b"R k 7"}

@@ -34,11 +34,12 @@ from typing import (
     Union,
 )
 
-from twisted.internet.defer import CancelledError, Deferred, gatherResults, maybeDeferred
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from lockservice.client import sharding
+from lockservice.client.acquiring import Acquire, secondsField
 from lockservice.client.endpoints import Address, EndpointFactory, endpointFactory, splitAddress
 from lockservice.client.errors import (
     ConnectionDropped,
@@ -49,6 +50,7 @@ from lockservice.client.errors import (
     NoConnection,
     ReleaseFailed,
 )
+from lockservice.client.lock import Lock, Share
 from lockservice.client.pool import RECONNECT_INTERVAL, Pool, Slot
 from lockservice.client.protocol import Fields
 from lockservice.core import wire
@@ -57,12 +59,6 @@ from lockservice.tls import ClientTLS
 RELEASE_RETRY_FOR = 5.0
 RELEASE_RETRY_EVERY = 0.2
 RENEW_RETRY_EVERY = 0.2
-NO_ACTIVE_RETRY = 0.1
-MAX_NO_ACTIVE_RETRIES = 100  # 10 s of "M ... *" before an acquire gives up
-MAX_REDIRECTS = 20
-ACQUIRE_GRACE = 0.5
-# An acquire that finds no connection up waits this long for one.
-CONNECT_WAIT = 5.0
 # Float sums of 0.2 drift; times closer than this are the same instant.
 _EPSILON = 1e-6
 
@@ -98,11 +94,6 @@ def _encodeKey(key: Union[str, bytes], what: str = "key") -> bytes:
     return raw
 
 
-def _seconds(value: float, name: str) -> bytes:
-    return wire.formatSeconds(wire.checkSeconds(value, name, positive=False))
-
-
-Share = Union[None, int, str]
 MAX_SLOTS = 65535
 # The suffix every connection name gets (conventions: `I <name>#<12 hex>`),
 # so the node's deadlock check can join the connections of one client.
@@ -142,87 +133,6 @@ def wireName(name: Optional[bytes], instance: str) -> bytes:
     What a client sends as C{I <...>}: its name plus C{#<instance>}.
     """
     return (name or b"") + b"#" + instance.encode("ascii")
-
-
-class Lock:
-    """
-    A granted lock: its C{key} and fencing C{token}.
-
-    Locks returned by L{LockClient.acquire} also know their C{lease}, the
-    local time until which the client is sure the server still holds the
-    grant (C{expires}, on the client's clock, counted from when the acquire
-    or the last confirmed renewal was I{sent}), and have:
-
-      - C{lost}: a Deferred that fires once, with a L{LockLost}, the moment
-        the client can no longer be sure it holds the lock: a renewal was
-        refused (C{STALE}), or C{expires} passed while renewals failed (or
-        with no renewal at all).  It never fires after a release.
-      - L{renew}, L{keepAlive}, L{stopKeepAlive}, L{release}.
-
-    C{Lock(key, token)} built by hand (a token from elsewhere) can be
-    released with L{LockClient.release}.
-    """
-
-    def __init__(self, key: str, token: int, lease: Optional[float] = None,
-                 client: Optional["LockClient"] = None, share: Share = None) -> None:
-        self.key = key
-        self.token = token
-        self.lease = lease
-        # None (exclusive), "r" (a read lock) or the semaphore's slot count.
-        self.share = share
-        self.expires: Optional[float] = None
-        self.lost: "Deferred[LockLost]" = Deferred()
-        self.released = False
-        self._client = client
-        self._keepAlive = False
-        self._renewCall: Optional[IDelayedCall] = None
-        self._expiryCall: Optional[IDelayedCall] = None
-        self._lastRenewError: Optional[str] = None
-
-    def __repr__(self) -> str:
-        if self.share is None:
-            return f"Lock(key={self.key!r}, token={self.token})"
-        return f"Lock(key={self.key!r}, token={self.token}, share={self.share!r})"
-
-    @property
-    def isLost(self) -> bool:
-        return self.lost.called
-
-    def _bound(self) -> "LockClient":
-        if self._client is None:
-            raise LockError("this Lock was built by hand; use client.release(lock)")
-        return self._client
-
-    def renew(self, lease: Optional[float] = None) -> "Deferred[bool]":
-        """
-        Renew now: the server's grant then runs C{lease} seconds (default:
-        the acquire's lease) from when the renewal is received.
-
-        @return: a Deferred firing True (C{OK}) or False (C{STALE}: the lock
-            is lost, and C{lost} has fired); failing with L{LockRejected}
-            (C{E}) or L{NoConnection} (no answer before C{expires}).
-        """
-        return self._bound().renew(self, lease)
-
-    def keepAlive(self) -> None:
-        """
-        Renew automatically every third of the lease (each renewal retried
-        every 200 ms across connections and redirects) until released or
-        lost.
-        """
-        self._bound()._startKeepAlive(self)
-
-    def stopKeepAlive(self) -> None:
-        self._keepAlive = False
-        if self._renewCall is not None and self._renewCall.active():
-            self._renewCall.cancel()
-        self._renewCall = None
-
-    def release(self) -> "Deferred[bool]":
-        """
-        Same as C{client.release(lock)}.
-        """
-        return self._bound().release(self)
 
 
 class LockClient:
@@ -341,95 +251,22 @@ class LockClient:
         @param keepAlive: renew the lock automatically (see L{Lock.keepAlive}).
         @param share: None or 1 (exclusive), C{"r"} (a read lock: any number
             of readers at once, no writer meanwhile), or an int C{n} of
-            2..65535 (one of C{n} semaphore slots).  See SPEC section 2.
+            2..65535 (one of C{n} semaphore slots).
         @return: a Deferred firing with a L{Lock}, or failing with
             L{LockTimeout}, L{LockRejected} or L{NoConnection}.  Cancelling it
-            never leaks a lock: a grant that arrives later is released.
+            withdraws the request from the node's queue (C{C}) and never
+            leaks a lock: a grant that crossed the withdrawal is released.
         """
         rawKey = _encodeKey(key)
+        return self._acquireOn(self.poolFor(rawKey), rawKey, lease, wait, keepAlive, share)
+
+    def _acquireOn(self, pool: Pool, rawKey: bytes, lease: float, wait: float,
+                   keepAlive: bool, share: Share) -> "Deferred[Lock]":
         share = checkShare(share)
-        shareBytes = shareField(share)
         if lease <= 0:
             raise ValueError("lease must be > 0 seconds")
-        leaseField = _seconds(lease, "lease")
-        waitField = _seconds(wait, "wait")
-        deadline = self.clock.seconds() + wait if wait > 0 else None
-        keyText = key if isinstance(key, str) else key.decode("utf-8")
-        pool = self.poolFor(rawKey)
-
-        sends = [0]
-
-        def line() -> bytes:
-            # A request re-sent after a drop or a redirect asks only for
-            # the wait that is left, so the whole acquire stays bounded.
-            # The first asks for the wait given, exactly: a try (wait
-            # 0.000001) would otherwise be spent before it is even sent.
-            sends[0] += 1
-            if deadline is None:
-                remaining = b"0"
-            elif sends[0] == 1:
-                remaining = waitField
-            else:
-                remaining = _seconds(max(deadline - self.clock.seconds(), 0.001), "wait")
-            return b"A " + rawKey + b" " + leaseField + b" " + remaining + shareBytes + b"\n"
-
-        state = {"cancelled": False, "sent": False}
-
-        def giveUp(d: "Deferred[Lock]", error: Exception) -> None:
-            if not d.called:
-                state["cancelled"] = True
-                d.errback(error)
-
-        result: "Deferred[Lock]" = Deferred(lambda d: giveUp(d, CancelledError()))
-        # close() fails it at once; it leaves the set however it ends.
-        self._acquiring.add(result)
-
-        def settled(value: object) -> object:
-            self._acquiring.discard(result)
-            return value
-
-        result.addBoth(settled)
-        guard: Optional[IDelayedCall] = None
-        if deadline is not None:
-            # The server answers T at the deadline; if its answer is held up
-            # (a stalled link, a paused node) we stop waiting a little later.
-            def noAnswer() -> None:
-                if state["sent"]:
-                    giveUp(result, LockTimeout(
-                        f"no answer for {keyText!r} within {wait:g} s (+{ACQUIRE_GRACE:g} s)"))
-                else:
-                    giveUp(result, NoConnection(
-                        f"no connection within {wait:g} s: {pool.lastError()}"))
-
-            guard = self._later(wait + ACQUIRE_GRACE, noAnswer)
-
-        def sent() -> None:
-            state["sent"] = True
-
-        async def attempt() -> None:
-            try:
-                fields, sentAt = await self._send(pool, b"A", rawKey, line,
-                                                  deadline=deadline, onSend=sent)
-            except Exception as e:
-                self._cancel(guard)
-                if not state["cancelled"] and not result.called:
-                    result.errback(e)
-                return
-            self._cancel(guard)
-            if fields[0] != b"A":
-                if not state["cancelled"] and not result.called:
-                    result.errback(LockTimeout(f"no grant for {keyText!r} within {wait:g} s"))
-                return
-            lock = Lock(keyText, int(fields[2]), lease, self, share)
-            if state["cancelled"] or self.closed or result.called:
-                # Too late: the caller gave up, so give the key back.
-                self.release(lock).addErrback(lambda f: None)
-                return
-            self._hold(lock, sentAt, keepAlive)
-            result.callback(lock)
-
-        Deferred.fromCoroutine(attempt())
-        return result
+        return Acquire(self, pool, rawKey, lease, wait, share, shareField(share),
+                       keepAlive).start()
 
     def readLock(self, key: Union[str, bytes], lease: float, wait: float = 0,
                  keepAlive: bool = False) -> "Deferred[Lock]":
@@ -455,73 +292,6 @@ class LockClient:
         if isinstance(slots, bool) or not isinstance(slots, int) or not 2 <= slots <= MAX_SLOTS:
             raise ValueError(f"invalid slots {slots!r}: an int of 2..{MAX_SLOTS}")
         return self.acquire(key, lease, wait, keepAlive, share=slots)
-
-    async def _send(
-        self, pool: Pool, op: bytes, key: bytes, line: Callable[[], bytes],
-        deadline: Optional[float] = None, onSend: Optional[Callable[[], None]] = None,
-    ) -> Tuple[Fields, float]:
-        """
-        Send an acquire (C{line()} builds it for each try), following
-        redirects and moving to the next connection when one drops.
-
-        @return: the answer's fields and the local time the answered request
-            was sent.  Past C{deadline}, the acquire ends as C{T}.
-        """
-        dropsAllowed = len(pool.slots)
-        drops = 0
-        redirects = 0
-        unknownActive = 0
-        slot: Optional[Slot] = None
-        # The deadline ends re-sends only: the first try always goes out.
-        tried = False
-        while True:
-            if self.closed:
-                raise NoConnection("client closed")
-            now = self.clock.seconds()
-            if tried and deadline is not None and now >= deadline:
-                return [b"T", key], now
-            if slot is None or not slot.up:
-                slot = pool.pick()
-            if slot is None:
-                # Nothing is up: wait for the background redial, at most
-                # CONNECT_WAIT; NoConnection then says why none came.
-                tried = True
-                await pool.whenConnected(CONNECT_WAIT)
-                continue
-            assert slot.protocol is not None
-            sentAt = self.clock.seconds()
-            tried = True
-            if onSend is not None:
-                onSend()
-            try:
-                fields = await slot.protocol.request(op, key, line())
-            except ConnectionDropped:
-                drops += 1
-                if drops >= dropsAllowed:
-                    raise NoConnection(
-                        f"connection dropped {drops} times; giving up") from None
-                slot = None
-                continue
-            if fields[0] == b"M":
-                target = fields[3] if len(fields) > 3 else b"*"
-                if target == b"*":
-                    # No active right now (a handoff, a cluster starting).
-                    unknownActive += 1
-                    if unknownActive > MAX_NO_ACTIVE_RETRIES:
-                        raise NoConnection("no active node (the cluster answers M *)")
-                    await self._sleep(NO_ACTIVE_RETRY)
-                    continue
-                redirects += 1
-                if redirects > MAX_REDIRECTS:
-                    raise NoConnection("too many redirects; no active node found")
-                try:
-                    await slot.switchTo(target.decode())
-                except NoConnection:
-                    slot = None
-                continue
-            if fields[0] == b"E":
-                raise LockRejected(b" ".join(fields[3:]).decode("utf-8", "replace"))
-            return fields, sentAt
 
     # -- retried requests (release, renew) -----------------------------------
 
@@ -669,7 +439,7 @@ class LockClient:
             raise ValueError("lease must be > 0 seconds")
         rawKey = _encodeKey(lock.key)
         line = (b"N " + rawKey + b" " + str(lock.token).encode() + b" "
-                + _seconds(lease, "lease") + b"\n")
+                + secondsField(lease, "lease") + b"\n")
         if lock.released or self.closed:
             return Deferred.fromCoroutine(self._renewRefused(lock, "released"))
         now = self.clock.seconds()

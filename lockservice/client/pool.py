@@ -10,7 +10,7 @@ attempt (refused, timed out, TLS handshake refused) is retried every 3 s.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import connectProtocol
@@ -228,6 +228,29 @@ class Pool:
                 self._next = (self._next + i + 1) % count
                 return slot
         return None
+
+    def pickFor(self, op: bytes, key: bytes) -> Tuple[Optional[Slot], "Optional[Deferred[None]]"]:
+        """
+        The next connected slot (round-robin) that carries no request of
+        C{(op, key)} yet: a client keeps at most one outstanding C{A} and
+        one C{O} per key per connection, so that a C{C} or an C{O}'s
+        answer always belongs to the request it means.
+
+        @return: C{(slot, None)}; or C{(None, busy)} when every connected
+            slot carries one (C{busy} fires when one of them may be free);
+            or C{(None, None)} when none is connected.
+        """
+        busy: "Optional[Deferred[None]]" = None
+        for _ in range(len(self.slots)):
+            slot = self.pick()
+            if slot is None:
+                return None, None
+            assert slot.protocol is not None
+            if not slot.protocol.outstanding(op, key):
+                return slot, None
+            if busy is None:
+                busy = slot.protocol.whenIdle(op, key)
+        return None, busy
 
     @property
     def up(self) -> bool:

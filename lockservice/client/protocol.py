@@ -32,7 +32,7 @@ def pairOf(fields: Fields) -> Optional[Tuple[bytes, bytes]]:
     kind = fields[0]
     if kind in (b"A", b"T") and len(fields) >= 2:
         return (b"A", fields[1])
-    if kind in (b"R", b"N") and len(fields) >= 2:
+    if kind in (b"R", b"N", b"C", b"O") and len(fields) >= 2:
         return (kind, fields[1])
     if kind in (b"P", b"I") and len(fields) == 2:
         return (kind, fields[1])
@@ -60,6 +60,8 @@ class LockClientProtocol(LineOnlyReceiver):
 
     def __init__(self, name: Optional[bytes] = None) -> None:
         self._pending: Dict[Tuple[bytes, bytes], Deque["Deferred[Fields]"]] = {}
+        # Who waits for a pair to have nothing outstanding (see whenIdle).
+        self._idle: Dict[Tuple[bytes, bytes], List["Deferred[None]"]] = {}
         self.name = name
         self.ready: "Deferred[LockClientProtocol]" = Deferred()
         self.lost: "Deferred[None]" = Deferred()
@@ -94,6 +96,28 @@ class LockClientProtocol(LineOnlyReceiver):
     @property
     def pendingCount(self) -> int:
         return sum(len(q) for q in self._pending.values())
+
+    def outstanding(self, op: bytes, key: bytes) -> bool:
+        """
+        Whether a request of C{(op, key)} waits for its answer here.
+        """
+        return (op, key) in self._pending
+
+    def whenIdle(self, op: bytes, key: bytes) -> "Deferred[None]":
+        """
+        Fires once no request of C{(op, key)} waits for its answer here
+        (answered, or the connection closed).
+        """
+        d: "Deferred[None]" = Deferred()
+        if (op, key) not in self._pending:
+            d.callback(None)
+        else:
+            self._idle.setdefault((op, key), []).append(d)
+        return d
+
+    def _wakeIdle(self, pair: Tuple[bytes, bytes]) -> None:
+        for d in self._idle.pop(pair, ()):
+            d.callback(None)
 
     def request(self, op: bytes, key: bytes, line: bytes) -> "Deferred[Fields]":
         """
@@ -151,6 +175,8 @@ class LockClientProtocol(LineOnlyReceiver):
         if not queue:
             del self._pending[pair]
         d.callback(fields)
+        if pair not in self._pending and pair in self._idle:
+            self._wakeIdle(pair)
         if self.closing and not self._pending and self.transport is not None:
             self.transport.loseConnection()
 
@@ -163,3 +189,5 @@ class LockClientProtocol(LineOnlyReceiver):
         for queue in pending.values():
             for d in queue:
                 d.errback(ConnectionDropped(str(reason.value)))
+        for pair in list(self._idle):
+            self._wakeIdle(pair)
