@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Union
 
 from lockservice.client import api, background
 from lockservice.client.api import Addresses, Share
+from lockservice.client.election import DEFAULT_LEADER_LEASE, Leader, campaignName
 from lockservice.client.errors import (
     ForkedClient,
     LockError,
@@ -38,11 +39,13 @@ from lockservice.client.errors import (
     NoConnection,
     ReleaseFailed,
 )
+from lockservice.client.observing import Observed
 from lockservice.tls import ClientTLS
 
 __all__ = [
     "connect", "Client", "Lock", "LockError", "LockTimeout", "LockRejected", "NoConnection",
-    "ReleaseFailed", "LockLost", "ForkedClient", "ClientTLS",
+    "ReleaseFailed", "LockLost", "ForkedClient", "ClientTLS", "Observed", "Leader",
+    "Leadership",
 ]
 
 
@@ -234,12 +237,71 @@ class Client:
         api.checkShare(share)
         return _Held(self, key, lease, wait, share, keepAlive)
 
+    # -- observing, elections -------------------------------------------------
+
+    def observe(self, key: Union[str, bytes]) -> "Observing":
+        """
+        C{async for state in client.observe("k"): ...}: the state of C{key}
+        (L{Observed}) now, then at each change, across failovers; leaving
+        the loop (or C{aclose()}) stops it.
+        """
+        return Observing(self, key)
+
+    async def observeOnce(self, key: Union[str, bytes], token: Optional[int] = None,
+                          wait: float = 0) -> Observed:
+        """
+        One observation: the state once it is not C{token} (None: at once),
+        or unchanged when C{wait} seconds (0: no limit) run out.
+        """
+        return await self._run(self._inner.observe, key, token, wait)  # type: ignore[no-any-return]
+
+    async def campaign(self, election: Union[str, bytes], value: str,
+                       lease: float = DEFAULT_LEADER_LEASE) -> "Leadership":
+        """
+        Campaign in C{election} with C{value}; returns once this client
+        leads (kept alive).  Cancelling the awaiting task withdraws it.
+
+        @raise ValueError: C{value} cannot be a connection name's value.
+        """
+        campaignName(value, self.instance)  # refused here, before anything is sent
+        loop = asyncio.get_running_loop()
+
+        def inReactor() -> Any:
+            d = self._inner.campaign(election, value, lease)
+            return d.addCallback(lambda inner: Leadership(self, inner, loop))
+
+        return await self._run(  # type: ignore[no-any-return]
+            inReactor, onAbandon=lambda won: won._inner.resign().addErrback(lambda f: None))
+
+    async def leader(self, election: Union[str, bytes]) -> Optional[Leader]:
+        """
+        Who leads C{election} now, or None.
+        """
+        return await self._run(self._inner.leader, election)  # type: ignore[no-any-return]
+
     async def release(self, lock: Lock) -> bool:
         """
         True (C{OK}) or False (C{STALE}); L{ReleaseFailed} after 5 s.  Runs
         to its end even if the awaiting task is cancelled.
         """
         return bool(await self._run(self._inner.release, lock._inner, cancellable=False))
+
+    async def releaseToken(self, key: Union[str, bytes], token: int) -> bool:
+        """
+        Release the grant C{token} of C{key} (a token from elsewhere: another
+        process, a saved job); as L{release}.
+        """
+        return bool(await self._run(self._inner.release, api.Lock(
+            key if isinstance(key, str) else key.decode("utf-8"), token), cancellable=False))
+
+    async def renewToken(self, key: Union[str, bytes], token: int, lease: float) -> bool:
+        """
+        Renew the grant C{token} of C{key} for C{lease} seconds from now:
+        True (C{OK}) or False (C{STALE}).
+        """
+        return bool(await self._run(self._inner.renew, api.Lock(
+            key if isinstance(key, str) else key.decode("utf-8"), token), lease,
+            cancellable=False))
 
     async def whenConnected(self, timeout: float = 10.0, failFast: bool = False) -> None:
         await self._run(self._inner.whenConnected, timeout, failFast)
@@ -260,6 +322,84 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class Leadership:
+    """
+    This client leads an election: C{token} fences what it does as leader;
+    C{lost} (an C{asyncio.Event}) is set the moment it can no longer be
+    sure it leads.
+    """
+
+    def __init__(self, client: Client, inner: api.Leadership,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._inner = inner
+        self.election = inner.election
+        self.value = inner.value
+        self.lock = Lock(client, inner.lock, loop)
+        self.token = inner.token
+        self.lost = self.lock.lost
+
+    def __repr__(self) -> str:
+        return f"aio.{self._inner!r}"
+
+    async def resign(self) -> bool:
+        """
+        Stop leading (release the election's key).
+        """
+        return await self.lock.release()
+
+    async def __aenter__(self) -> "Leadership":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await asyncio.shield(self.resign())
+        except ReleaseFailed:
+            pass  # the lease ends the leadership; logged by the client
+
+
+class Observing:
+    """
+    The async iterator L{Client.observe} returns.
+    """
+
+    def __init__(self, client: Client, key: Union[str, bytes]) -> None:
+        self._client = client
+        self._key = key
+        self._states: "Optional[asyncio.Queue[Observed]]" = None
+        self._watch: Any = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+
+    def __aiter__(self) -> "Observing":
+        return self
+
+    async def _start(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        states = self._states = asyncio.Queue()
+
+        def told(state: Observed) -> None:  # in the reactor thread
+            try:
+                loop.call_soon_threadsafe(states.put_nowait, state)
+            except RuntimeError:  # that loop is gone
+                pass
+
+        self._watch = await self._client._run(self._client._inner.watch, self._key, told)
+
+    async def __anext__(self) -> Observed:
+        if self._states is None:
+            await self._start()
+        assert self._states is not None
+        try:
+            return await self._states.get()
+        except asyncio.CancelledError:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None and not self._client.closed:
+            await self._client._run(watch.stop, cancellable=False)
 
 
 async def connect(addresses: Addresses, name: Optional[str] = None,

@@ -40,6 +40,12 @@ from twisted.logger import Logger
 
 from lockservice.client import sharding
 from lockservice.client.acquiring import Acquire, secondsField
+from lockservice.client.election import (
+    DEFAULT_LEADER_LEASE,
+    Leader,
+    Leadership,
+    campaignName,
+)
 from lockservice.client.endpoints import Address, EndpointFactory, endpointFactory, splitAddress
 from lockservice.client.errors import (
     ConnectionDropped,
@@ -51,6 +57,7 @@ from lockservice.client.errors import (
     ReleaseFailed,
 )
 from lockservice.client.lock import Lock, Share
+from lockservice.client.observing import Observe, Observed, Watch
 from lockservice.client.pool import RECONNECT_INTERVAL, Pool, Slot
 from lockservice.client.protocol import Fields
 from lockservice.core import wire
@@ -497,6 +504,79 @@ class LockClient:
                 return await maybeDeferred(f, lock, *args, **kwargs)
 
         return Deferred.fromCoroutine(run())
+
+    # -- observing, elections -------------------------------------------------
+
+    def observe(self, key: Union[str, bytes], token: Optional[int] = None,
+                wait: float = 0) -> "Deferred[Observed]":
+        """
+        The state of C{key} (L{Observed}: its newest live grant's token and
+        holder) once it is not C{token}: at once when C{token} is None or
+        already differs, else at the next change, or, unchanged, when
+        C{wait} seconds (0: no limit) run out.
+        """
+        rawKey = _encodeKey(key)
+        wire.checkSeconds(wait, "wait", positive=False)
+        if token is not None and not 0 <= token <= wire.MAX_TOKEN:
+            raise ValueError(f"invalid token {token!r}")
+        return Observe(self, self.poolFor(rawKey), rawKey, token, wait).start()
+
+    def watch(self, key: Union[str, bytes], callback: Callable[[Observed], object]) -> Watch:
+        """
+        Call C{callback(Observed)} with the state of C{key} now, then at
+        each change, until the returned L{Watch} is stopped; it follows
+        failovers and reconnects on its own.
+        """
+        rawKey = _encodeKey(key)
+        return Watch(lambda token, wait: self.observe(rawKey, token, wait), callback,
+                     self.clock).start()
+
+    def campaign(self, election: Union[str, bytes], value: str,
+                 lease: float = DEFAULT_LEADER_LEASE) -> "Deferred[Leadership]":
+        """
+        Campaign in C{election} with C{value}: fires with a L{Leadership}
+        once this client leads (kept alive; its C{lost} fires when the
+        leadership can no longer be trusted).  Cancelling it withdraws the
+        campaign.
+
+        @raise ValueError: C{value} cannot be a connection name's value
+            (empty, a space or control character, too long): nothing sent.
+        """
+        rawElection = _encodeKey(election, "election")
+        name = campaignName(value, self.instance)
+        if lease <= 0:
+            raise ValueError("lease must be > 0 seconds")
+        home = self.poolFor(rawElection)
+        # Its own connection, named by the value: the node records the
+        # holder name when it grants.  Closed once the campaign ends.
+        pool = Pool(self.clock, home.homes, self.endpointFor, name, spare=False)
+        pool.start()
+        electionText = rawElection.decode("utf-8")
+        d = self._acquireOn(pool, rawElection, lease, 0, True, None)
+
+        def ended(result: object) -> object:
+            pool.retireAll()
+            return result
+
+        d.addBoth(ended)
+        return d.addCallback(lambda lock: Leadership(electionText, value, lock))
+
+    def leader(self, election: Union[str, bytes]) -> "Deferred[Optional[Leader]]":
+        """
+        Who leads C{election} now (L{Leader}), or None.
+        """
+        def who(state: Observed) -> Optional[Leader]:
+            if not state.token:
+                return None
+            return Leader(state.value, state.token, state.holder)
+
+        return self.observe(election).addCallback(who)
+
+    def resign(self, leadership: Leadership) -> "Deferred[bool]":
+        """
+        Same as C{leadership.resign()}.
+        """
+        return leadership.resign()
 
     def lock(self, key: Union[str, bytes], lease: float, wait: float = 0,
              keepAlive: bool = False) -> "_Held":

@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import os
+import queue
 import signal
 import threading
 import time
@@ -218,6 +219,24 @@ def waitFor(future: "concurrent.futures.Future[T]", timeout: Optional[float] = N
         except concurrent.futures.TimeoutError:
             if future.done() or (deadline is not None and time.monotonic() >= deadline):
                 raise  # the call's own error, or the caller's timeout
+
+
+def waitForQueue(items: "queue.Queue[T]", timeout: Optional[float] = None) -> T:
+    """
+    C{items.get(timeout=timeout)}, waking every L{WAKE_EVERY} seconds
+    meanwhile (see L{waitFor}).
+
+    @raise queue.Empty: nothing came within C{timeout}.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = WAKE_EVERY if deadline is None else max(0.0, min(WAKE_EVERY,
+                                                                deadline - time.monotonic()))
+        try:
+            return items.get(timeout=wait)
+        except queue.Empty:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
 
 
 _lock = threading.Lock()

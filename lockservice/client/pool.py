@@ -198,14 +198,19 @@ class Pool:
     log = Logger()
 
     def __init__(self, clock: IReactorTime, homes: Sequence[Address],
-                 endpointFor: EndpointFactory, name: Optional[bytes] = None) -> None:
+                 endpointFor: EndpointFactory, name: Optional[bytes] = None,
+                 spare: bool = True) -> None:
+        """
+        @param spare: keep two connections to a lone address (the client's
+            own pools); a campaign's pool keeps one per address.
+        """
         if not homes:
             raise ValueError("a cluster needs at least one address")
         self.clock = clock
         self.endpointFor = endpointFor
         self.name = name
         self.homes = list(homes)
-        slots = self.homes * 2 if len(self.homes) == 1 else self.homes
+        slots = self.homes * 2 if len(self.homes) == 1 and spare else self.homes
         self.slots = [Slot(self, home) for home in slots]
         self.closed = False
         self._next = 0
@@ -340,6 +345,23 @@ class Pool:
                 call.cancel()
 
         protocol.lost.addCallback(gone)
+
+    def retireAll(self) -> None:
+        """
+        Stop redialling, and close every connection once its pending
+        answers are in (a withdrawn acquire's crossed grant among them).
+        """
+        self.closed = True
+        for slot in self.slots:
+            if slot.retry is not None and slot.retry.active():
+                slot.retry.cancel()
+            slot.retry = None
+            protocol, slot.protocol = slot.protocol, None
+            if protocol is not None:
+                self.retire(protocol)
+        waiters, self._readyWaiters = self._readyWaiters, []
+        for waiter in waiters:
+            waiter.errback(NoConnection("closed"))
 
     def close(self) -> List["Deferred[None]"]:
         self.closed = True

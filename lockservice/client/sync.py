@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 
 from lockservice.client import api, background
 from lockservice.client.api import Addresses, Share
+from lockservice.client.election import DEFAULT_LEADER_LEASE, Leader, campaignName
 from lockservice.client.errors import (
     ForkedClient,
     LockError,
@@ -32,11 +33,13 @@ from lockservice.client.errors import (
     NoConnection,
     ReleaseFailed,
 )
+from lockservice.client.observing import Observed
 from lockservice.tls import ClientTLS
 
 __all__ = [
     "connect", "Client", "Lock", "LockError", "LockTimeout", "LockRejected", "NoConnection",
-    "ReleaseFailed", "LockLost", "ForkedClient", "ClientTLS",
+    "ReleaseFailed", "LockLost", "ForkedClient", "ClientTLS", "Observed", "Leader",
+    "Leadership",
 ]
 
 log = logging.getLogger("lockservice.client")
@@ -206,6 +209,46 @@ class Client:
         api.checkShare(share)
         return _Held(self, key, lease, wait, share, keepAlive)
 
+    # -- observing, elections -------------------------------------------------
+
+    def observe(self, key: Union[str, bytes], timeout: Optional[float] = None) -> "Observing":
+        """
+        The state of C{key} now, then each change, as an iterator of
+        L{Observed}: C{for state in client.observe("k", timeout=30)}.  The
+        iteration ends when C{timeout} seconds pass with no change (None:
+        never); C{close()} it (or leave a C{with} block) to stop.
+        """
+        return Observing(self, key, timeout)
+
+    def observeOnce(self, key: Union[str, bytes], token: Optional[int] = None,
+                    wait: float = 0) -> Observed:
+        """
+        One observation (see L{lockservice.client.api.LockClient.observe}).
+        """
+        return self._call(self._inner.observe, key, token, wait)  # type: ignore[no-any-return]
+
+    def campaign(self, election: Union[str, bytes], value: str,
+                 lease: float = DEFAULT_LEADER_LEASE) -> "Leadership":
+        """
+        Campaign in C{election} with C{value}; returns once this client
+        leads (kept alive).  Ctrl+C (or a timeout around it) withdraws it.
+
+        @raise ValueError: C{value} cannot be a connection name's value.
+        """
+        campaignName(value, self.instance)  # refused here, before anything is sent
+
+        def inReactor() -> Any:
+            d = self._inner.campaign(election, value, lease)
+            return d.addCallback(lambda inner: Leadership(self, inner))
+
+        return self._call(inReactor, onAbandon=lambda won: won._inner.resign())  # type: ignore[no-any-return]
+
+    def leader(self, election: Union[str, bytes]) -> Optional[Leader]:
+        """
+        Who leads C{election} now, or None.
+        """
+        return self._call(self._inner.leader, election)  # type: ignore[no-any-return]
+
     def release(self, lock: Lock) -> bool:
         """
         Release C{lock} (retried for 5 s across connections).  True for
@@ -240,6 +283,77 @@ class Client:
         self._thread.call(self._inner.close, timeout=CLOSE_WAIT, cancellable=False)
 
     def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Leadership:
+    """
+    This client leads an election: C{token} fences what it does as leader;
+    C{lost} (a C{threading.Event}) is set the moment it can no longer be
+    sure it leads.
+    """
+
+    def __init__(self, client: Client, inner: api.Leadership) -> None:
+        self._inner = inner
+        self.election = inner.election
+        self.value = inner.value
+        self.lock = Lock(client, inner.lock)
+        self.token = inner.token
+        self.lost = self.lock.lost
+
+    def __repr__(self) -> str:
+        return f"sync.{self._inner!r}"
+
+    def resign(self) -> bool:
+        """
+        Stop leading (release the election's key).
+        """
+        return self.lock.release()
+
+    def __enter__(self) -> "Leadership":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.resign()
+        except ReleaseFailed as e:
+            log.warning("%s; its lease will end the leadership", e)
+
+
+class Observing:
+    """
+    The iterator L{Client.observe} returns.
+    """
+
+    def __init__(self, client: Client, key: Union[str, bytes], timeout: Optional[float]) -> None:
+        import queue
+
+        self._client = client
+        self._timeout = timeout
+        self._states: "queue.Queue[Any]" = queue.Queue()
+        self._watch = client._call(client._inner.watch, key, self._states.put)
+
+    def __iter__(self) -> "Observing":
+        return self
+
+    def __next__(self) -> Observed:
+        import queue
+
+        try:
+            state = background.waitForQueue(self._states, self._timeout)
+        except queue.Empty:
+            self.close()
+            raise StopIteration from None
+        return state  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if not self._client.closed:
+            self._client._call(self._watch.stop)
+
+    def __enter__(self) -> "Observing":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -196,9 +196,14 @@ def checkSeconds(
 
 def formatSeconds(value: float) -> bytes:
     """
-    Seconds in the wire grammar (at most microsecond precision).
+    Seconds in the wire grammar, to the microsecond: never an exponent, and
+    a positive value never as C{0} (which means "no limit" for a wait): at
+    least C{0.000001}.
     """
-    return f"{value:.6f}".rstrip("0").rstrip(".").encode() or b"0"
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    if text == "0" and value > 0:
+        return b"0.000001"
+    return text.encode() or b"0"
 
 
 def parseShare(field: bytes) -> Optional[int]:
