@@ -60,7 +60,7 @@ type conn struct {
 	spare    []byte
 	closed   bool
 	retiring bool
-	wake     chan struct{}
+	writing  bool // a caller is writing c.out
 	done     chan struct{}
 }
 
@@ -73,10 +73,8 @@ func newConn(s *slot, nc net.Conn, addr string) *conn {
 		pending: make(map[pairKey][]*call),
 		busyA:   make(map[string]bool),
 		busyO:   make(map[string]bool),
-		wake:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 	}
-	go c.writer()
 	go c.reader()
 	go c.watchdog()
 	return c
@@ -137,38 +135,43 @@ func (c *conn) send(op byte, key, line string, ch chan reply) (*call, error) {
 	c.pending[pk] = append(c.pending[pk], cl)
 	c.out = append(c.out, line...)
 	c.out = append(c.out, '\n')
-	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
+	if c.writing {
+		c.mu.Unlock() // the caller writing now takes our line along
+		return cl, nil
 	}
+	c.writing = true
+	c.mu.Unlock()
+	c.flush()
 	return cl, nil
 }
 
-func (c *conn) writer() {
+// flush writes what is queued; only one caller writes at a time (the others
+// leave their lines to it), so lines reach the wire in the order they were
+// queued, which is the order their calls were registered in.
+func (c *conn) flush() {
 	for {
-		select {
-		case <-c.wake:
-		case <-c.done:
-			return
-		}
 		c.mu.Lock()
 		buf := c.out
+		if len(buf) == 0 || c.closed {
+			c.writing = false
+			c.mu.Unlock()
+			return
+		}
 		c.out = c.spare[:0]
 		c.spare = nil // never hand out the same array twice
 		c.mu.Unlock()
-		if len(buf) == 0 {
-			continue
-		}
 		if _, err := c.nc.Write(buf); err != nil {
+			c.mu.Lock()
+			c.writing = false
+			c.mu.Unlock()
 			c.fail(err)
 			return
 		}
-		c.mu.Lock()
 		if cap(buf) <= 64<<10 {
+			c.mu.Lock()
 			c.spare = buf[:0]
+			c.mu.Unlock()
 		}
-		c.mu.Unlock()
 	}
 }
 
