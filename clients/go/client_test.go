@@ -900,3 +900,32 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("wrong host accepted: %v", err)
 	}
 }
+
+// A renewal that gets no answer ends by the time the lease it meant to
+// extend runs out.
+func TestRenewUnansweredBound(t *testing.T) {
+	s := startFake(t)
+	c := dialT(t, []string{s.Addr})
+	ctx := ctxT(t)
+	start := time.Now()
+	l, err := c.Acquire(ctx, "k", AcquireOptions{Lease: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetStall(true)
+	err = l.Renew(ctx, 10*time.Second)
+	if !errors.Is(err, ErrNoConnection) {
+		t.Fatalf("err %v", err)
+	}
+	if el := time.Since(start); el > 1300*time.Millisecond {
+		t.Fatalf("renewal ended %v after the acquire, lease 1 s", el)
+	}
+	select {
+	case <-l.Lost():
+	case <-time.After(bound):
+		t.Fatal("not lost")
+	}
+	if n := len(s.Texts("N k ")); n != 2 {
+		t.Fatalf("%d renewal copies, want one per connection", n)
+	}
+}

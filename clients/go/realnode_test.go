@@ -320,3 +320,38 @@ func TestRealTLS(t *testing.T) {
 		n.Stop()
 	}
 }
+
+// A node that keeps its connections open but never answers (SIGSTOP) holds
+// no call forever, and the client recovers when it answers again.
+func TestRealPausedNode(t *testing.T) {
+	n := testnode.Lone(t, testnode.Options{}, nil)
+	ctx := ctxT(t)
+	c := dialT(t, []string{n.Addr})
+	l, err := c.Acquire(ctx, "k", AcquireOptions{Lease: 30 * time.Second, Wait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Pause()
+	defer n.Resume()
+	start := time.Now()
+	_, err = c.Acquire(ctx, "other", AcquireOptions{Lease: 30 * time.Second, Wait: time.Second})
+	if !errors.Is(err, ErrTimeout) && !errors.Is(err, ErrNoConnection) {
+		t.Fatalf("acquire on a paused node: %v", err)
+	}
+	if el := time.Since(start); el > 4*time.Second {
+		t.Fatalf("acquire with wait 1 s ended after %v", el)
+	}
+	start = time.Now()
+	if err := l.Release(ctx); !errors.Is(err, ErrNoConnection) {
+		t.Fatalf("release on a paused node: %v", err)
+	}
+	if el := time.Since(start); el > ReleaseRetryFor+time.Second {
+		t.Fatalf("release ended after %v", el)
+	}
+	n.Resume()
+	l2, err := c.Acquire(ctx, "again", AcquireOptions{Lease: 30 * time.Second, Wait: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("after resume: %v", err)
+	}
+	l2.Release(ctx)
+}

@@ -123,8 +123,27 @@ func (n *Node) signal(sig syscall.Signal) {
 	}
 }
 
-// Stop ends the node (SIGTERM, then SIGKILL).
-func (n *Node) Stop() { n.Term() }
+// Stop ends the node (SIGTERM, then SIGKILL). A paused node is resumed
+// first.
+func (n *Node) Stop() {
+	n.Resume()
+	n.Term()
+}
+
+// Pause stops the process (SIGSTOP): its connections stay open, nothing is
+// answered.
+func (n *Node) Pause() {
+	if n.cmd != nil && n.cmd.Process != nil {
+		n.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Resume continues a paused process (SIGCONT).
+func (n *Node) Resume() {
+	if n.cmd != nil && n.cmd.Process != nil {
+		n.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
 
 // Log returns the node's output so far.
 func (n *Node) Log() string {
