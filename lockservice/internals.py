@@ -381,11 +381,9 @@ def peerHungUp(transport: Any) -> Optional[str]:
       - C{POLLHUP} or C{POLLERR}: the peer reset the connection (a client
         that closes with answers unread sends a reset), or both directions
         are shut: nothing written can reach it.  Returns L{RESET}.
-      - C{POLLRDHUP} with nothing unread (C{FIONREAD} 0): the peer sent
-        its end of input (FIN), after everything it sent was read.
-        Returns L{END_OF_INPUT}.  With requests still unread before it,
-        nothing is said: they must be read first (a FIN also stays unseen
-        while the receive buffer is full, until it drains).
+      - C{POLLRDHUP}: the peer sent its end of input (FIN), whether or not
+        requests it sent before are still unread in front of it (POLLRDHUP
+        says so even then, unlike a read).  Returns L{END_OF_INPUT}.
     For TLS the check is on the TCP socket below (a reset is a reset; a
     TLS peer's orderly close usually sends a close_notify first, which is
     unread input, so it is found when the connection is read again).
@@ -411,10 +409,5 @@ def peerHungUp(transport: Any) -> Optional[str]:
     if mask & (select.POLLHUP | select.POLLERR):
         return RESET
     if mask & _POLLRDHUP:
-        try:
-            unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, bytes(4)))[0]
-        except OSError:
-            return None
-        if not unread:
-            return END_OF_INPUT
+        return END_OF_INPUT
     return None

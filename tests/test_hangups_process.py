@@ -119,3 +119,47 @@ def test_a_paused_connection_that_resets_frees_its_queue_room(spawn) -> None:  #
         assert statusOf(httpPort)["waiters"] == 1
         assert holder.ask(b"R hot " + token, timeout=10) == b"R hot OK"
         assert live.readline(timeout=10).startswith(b"A hot ")
+
+
+def test_dead_waiters_of_a_paused_connection_that_sends_its_end_of_input_never_get_the_key(
+        spawn) -> None:  # type: ignore[no-untyped-def]
+    """
+    A client with a 4 KiB receive buffer pipelines 25,000 acquires without
+    reading: 10,000 queue, and the refusals of the rest are held back
+    behind them until the node stops reading it (backpressure), with
+    about 5,000 requests unread in its socket.  The client then shuts
+    down its sending side: a FIN, behind those unread requests.  The
+    holder releases: the key must not go to that connection's queued
+    waiters -- a fresh acquire from another client gets it within 1.5 s
+    (it waited a whole lease when the FIN stayed unseen behind the unread
+    requests).  (A FIN still in the client's own send queue, behind
+    requests the node's full receive buffer keeps out, reaches nobody:
+    that connection's waiters go when its kernel gives up on it.)
+    """
+    httpPort = freePort()
+    node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1"])
+    with LineClient(node.port) as holder, LineClient(node.port) as fresh:
+        token = holder.ask(b"A hot 10 0").split()[2]
+        flood = socket.socket()
+        flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        flood.connect(("127.0.0.1", node.port))
+        try:
+            flood.settimeout(20)
+            flood.sendall(LINE * 25_000)  # all of it reaches the node's socket
+            waitFor(lambda: statusOf(httpPort)["waiters"] == 10_000, timeout=20,
+                    what="the flooder's waiters queued")
+            flood.shutdown(socket.SHUT_WR)  # a FIN behind unread requests
+            assert holder.ask(b"R hot " + token, timeout=10) == b"R hot OK"
+            released = time.monotonic()
+            fresh.send(b"A hot 10 0.3\n")
+            answer = fresh.readline(timeout=20)
+            waited = time.monotonic() - released
+            print(f"the fresh acquire: {answer!r} {waited * 1000:.0f} ms after the release")
+            assert answer.startswith(b"A hot "), answer
+            assert waited < 1.5, f"granted only {waited:.1f} s after the release"
+            waitFor(lambda: statusOf(httpPort)["waiters"] == 0, timeout=10,
+                    what="the flooder's waiters dropped")
+            status = statusOf(httpPort)
+            assert status["waiters_dropped"] >= 1000
+        finally:
+            flood.close()

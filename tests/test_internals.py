@@ -350,23 +350,22 @@ def test_peerHungUpSeesAResetOfAConnectionNotRead(tls: bool) -> Any:
 
 
 @pytest_twisted.inlineCallbacks
-def test_peerHungUpSeesAnEndOfInputOnlyOnceNothingIsUnreadBeforeIt() -> Any:
+def test_peerHungUpSeesAnEndOfInputEvenBehindUnreadRequests() -> Any:
     """
-    A FIN behind unread requests says nothing (they must be read first);
-    a FIN with nothing unread is an end of input.
+    A FIN is an end of input whether or not requests the connection sent
+    before it are still unread (a paused connection of a client that
+    pipelined, then closed): POLLRDHUP says so, where a read would not
+    until those requests were read.
     """
-    from twisted.internet.task import deferLater
-
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(2)
     try:
         transport, accepted = yield _dialled(listener)
         transport.pauseProducing()
-        accepted.sendall(b"R k 1\n")
+        accepted.sendall(b"R k 1\n" * 1000)
         accepted.shutdown(socket.SHUT_WR)
-        yield deferLater(reactor, 0.2, lambda: None)
-        assert internals.peerHungUp(transport) is None
+        assert (yield _hungUpSeen(transport)) == internals.END_OF_INPUT
         transport.abortConnection()
         accepted.close()
 

@@ -98,6 +98,14 @@ def status(locks: LockService, cluster: Optional[ClusterView],
         # counts once, however many grants hold it).
         "shared_grants": locks.table.sharedGrants,
         "connections": len(locks.connections),
+        # Observers (O) waiting for a change, and keys kept by the
+        # lock-delay after an expiry.
+        "observers": locks.observing.count,
+        "lock_delay_seconds": locks.lockDelay,
+        # Queued acquires withdrawn by their client (C), and dropped
+        # because their connection went away.
+        "withdrawals": locks.stats.withdrawals,
+        "waiters_dropped": locks.stats.waitersDropped,
         "highest_token": locks.table.tokens.last,
         # Why this node's clock looks wrong, or null: the cluster's own
         # suspicion (a peer far ahead) first, else lockservice.state's.

@@ -194,16 +194,24 @@ class LockProtocol(PacedReceiver):
         For a connection not read: when its socket says the peer went away
         (L{lockservice.internals.peerHungUp}), treat it as lost, as the
         reactor would once it read: its waiters are passed by and
-        withdrawn.  A reset closes it (nobody reads what we would write);
-        an end of input (nothing left unread before it) is handled as the
-        reactor's C{readConnectionLost}.
+        withdrawn.  A reset closes it (nobody reads what we would write).
+        An end of input (a FIN) is handled as the reactor's
+        C{readConnectionLost}, at once: its queued acquires are withdrawn,
+        and the requests it sent that are still unread in the socket (a
+        client that pipelined more than it read, then closed) are dropped
+        with the connection -- read, they could only add waiters nobody
+        would hear of.
 
         @return: True when the peer went away.
         """
         what = self.factory.hangUps.check(self.transport)
         if what is None or (what == END_OF_INPUT and self._putOff):
-            return False  # input put off to the next iteration comes first
+            # Input read and put off to the next iteration (the read
+            # budget) is handled first: it may be a half-closed client's
+            # last requests, whose answers it still reads.
+            return False
         if what == END_OF_INPUT:
+            self._buffer = b""
             self.readConnectionLost()
         else:
             # Lost: nobody reads what we would write, and input put off is
