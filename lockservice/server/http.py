@@ -326,6 +326,10 @@ SEND_BUFFER = 16 * 1024
 KERNEL_SEND_BUFFER = 64 * 1024
 # Requests in progress at once; the next ones are answered 503 at once.
 MAX_REQUESTS = 256
+# /metrics is rendered at most once per this many seconds (a scrape shows
+# figures at most this old), and written in pieces of this size.
+METRICS_TTL = 1.0
+METRICS_PIECE = 16 * 1024
 # An answer paused this long (its client reads nothing) is given up and
 # its connection aborted, so its slot comes back.
 STALL_SECONDS = 30.0
@@ -516,16 +520,21 @@ def statsParts(monitor: Monitor, limit: int = STATS_LIMIT) -> List[Tuple[str, An
 
 
 def eventsParts(monitor: Monitor, since: int = 0, key: Optional[bytes] = None,
-                limit: int = EVENTS_LIMIT) -> List[Tuple[str, Any]]:
+                limit: int = EVENTS_LIMIT) -> Iterator[Tuple[str, Any]]:
     """
     L{recentEvents} as L{jsonPieces} parts, the events turned into JSON a
-    step at a time.
+    step at a time.  Nothing is read before the first step: a burst of
+    requests costs the reactor turn that receives them nothing but their
+    parsing.
     """
     ring = monitor.events
     missed = ring.missed(since)
     found, nxt = ring.since(since, key, limit)
-    return [("events", Items((event.asDict(), 1) for event in found)), ("next", nxt),
-            ("oldest", ring.oldest), ("gap", missed > 0), ("missed", missed)]
+    yield "events", Items((event.asDict(), 1) for event in found)
+    yield "next", nxt
+    yield "oldest", ring.oldest
+    yield "gap", missed > 0
+    yield "missed", missed
 
 
 def dashboardParts(locks: LockService, cluster: Optional[ClusterView], monitor: Monitor,
@@ -802,16 +811,37 @@ class DashboardDataResource(_NodeResource):
 
 
 class MetricsResource(Resource):
+    """
+    C{GET /metrics}: rendered at most once per L{METRICS_TTL} (a burst of
+    scrapes shares one rendering), and written a piece per step of the
+    endpoint's cooperator, like every big answer.
+    """
+
     isLeaf = True
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, clock: IReactorTime, cooperator: Cooperator) -> None:
         super().__init__()
         self.metrics = metrics
+        self.clock = clock
+        self.cooperator = cooperator
+        self._rendered: Optional[bytes] = None
+        self._renderedAt = 0.0
 
-    def render_GET(self, request: Request) -> bytes:
+    def rendered(self) -> bytes:
+        now = self.clock.seconds()
+        if self._rendered is None or not 0 <= now - self._renderedAt < METRICS_TTL:
+            self._rendered = self.metrics.render()
+            self._renderedAt = now
+        return self._rendered
+
+    def render_GET(self, request: Request) -> Any:
+        body = self.rendered()
         _secure(request)
         request.setHeader(b"content-type", CONTENT_TYPE.encode())
-        return self.metrics.render()
+        request.setHeader(b"content-length", b"%d" % len(body))
+        pieces = (body[i:i + METRICS_PIECE] for i in range(0, len(body), METRICS_PIECE))
+        Answer(request, pieces, self.cooperator, self.clock)
+        return NOT_DONE_YET
 
 
 def _page() -> bytes:
@@ -894,7 +924,7 @@ def makeRoot(locks: LockService, cluster: Optional[ClusterView],
     root.putChild(b"status", StatusResource(locks, cluster, monitor, cooperator))
     root.putChild(b"locks", LocksResource(locks, cluster, monitor, adminSecret, cooperator))
     root.putChild(b"events", EventsResource(locks, cluster, monitor, cooperator))
-    root.putChild(b"metrics", MetricsResource(metrics))
+    root.putChild(b"metrics", MetricsResource(metrics, locks.clock, cooperator))
     return root
 
 
