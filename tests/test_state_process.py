@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from typing import Dict, List, Optional
 
 import pytest
@@ -144,6 +145,37 @@ def test_tokens_after_a_restart_with_the_clock_600_s_behind(tmp_path, stateDir) 
             assert after > before
         else:
             assert before - after > 590 * 1_000_000
+    finally:
+        node.stop()
+
+
+def test_a_lease_that_ran_out_while_down_stays_expired_when_the_clock_steps_back(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """
+    A 3 s lease, a graceful stop, 4 s down, and a start with the wall
+    clock an hour behind (libfaketime): the lease ran out while the node
+    was down and stays so (the boot clock measured the downtime) -- its
+    token is STALE and another client gets the key at once.  (Measured on
+    the wall clock, the lease came back for 2.9 s.)  A longer lease keeps
+    its time left, holder name included.
+    """
+    library = requireFaketime()
+    node = stateNode(tmp_path)
+    node.start()
+    try:
+        with LineClient(node.port) as c:
+            c.ask(b"I paused#1")
+            short = int(c.ask(b"A short 3 5").split()[2])
+            long = int(c.ask(b"A long 60 5").split()[2])
+        terminate(node)
+        time.sleep(4)
+        startWith(node, {"LD_PRELOAD": library, "FAKETIME": "-3600",
+                         "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+        with LineClient(node.port) as c:
+            assert c.ask(b"N short %d 10" % short) == b"N short STALE"
+            assert c.ask(b"A short 10 0.5").startswith(b"A short ")
+            assert c.ask(b"O long ? 0") == b"O long %d paused#1" % long
+            assert c.ask(b"N long %d 60" % long) == b"N long OK"
     finally:
         node.stop()
 
