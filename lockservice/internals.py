@@ -266,8 +266,6 @@ def unsentProbe(transport: Any) -> Callable[[], bool]:
     Such bytes die with this process.  For a transport of unknown layout
     (tests) it always says False: nothing to wait for.
     """
-    import fcntl
-    import struct
 
     from twisted.internet.tcp import Connection
 
@@ -337,9 +335,6 @@ def readWaiting(transport: Any) -> None:
     the reactor to see, as it would have.  Does nothing for a transport of
     unknown layout (tests).
     """
-    import fcntl
-    import struct
-    import termios
 
     from twisted.internet.tcp import Connection
 

@@ -202,7 +202,7 @@ def test_peer_messages_on_client_connection_are_rejected(cluster) -> None:  # ty
     with LineClient(first.port) as conn:
         assert conn.ask(b"P x") == b"P x"
         assert conn.ask(b"HELLO 1 " + c.nodes[1].address.encode() + b" n").startswith(b"E * ")
-        assert conn.ask(b"HB 5 active - 1").startswith(b"E * ")
+        assert conn.ask(b"HB 5 active - 1 0").startswith(b"E * ")
         assert conn.ask(b"SYNC").startswith(b"E * ")
 
 

@@ -148,9 +148,9 @@ def test_forged_huge_token_and_term_poison_nothing(cluster) -> None:  # type: ig
     before = grant(node0.port, b"before")
     forged = joinAsPeer(node0, node1.address, secretOf(node0))
     with forged:
-        forged.send(b"HB 0 standby - 18446744073709551615\n")
-        forged.send(b"HB 18446744073709551615 active - 1\n")
-        forged.send(b"HB 0 standby - 1\n")
+        forged.send(b"HB 0 standby - 18446744073709551615 0\n")
+        forged.send(b"HB 18446744073709551615 active - 1 0\n")
+        forged.send(b"HB 0 standby - 1 0\n")
         waitFor(lambda: "more than an hour ahead" in node0.tail(200), 10, what="refusal logged")
     # SPEC section 4 (v3): while a peer shows a token far ahead, node0
     # distrusts its own clock and does not serve; once that peer is gone

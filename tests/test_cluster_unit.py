@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from lockservice.cluster import handoff, merge, replication
+from lockservice.cluster import handoff, merge, replication, terms
 from lockservice.cluster.node import Cluster
 from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE, HANDING_OFF, STANDBY, SYNCING
@@ -87,11 +87,16 @@ class Lab:
         return answer
 
 
-def lines(channel: PeerChannel) -> List[bytes]:
+def lines(channel: PeerChannel, positions: bool = False) -> List[bytes]:
+    """
+    What was written on C{channel} since the last look, one line each;
+    the stream's position marks (S) left out unless C{positions}.
+    """
     t = channel.transport
     data = t.value()  # type: ignore[attr-defined]
     t.clear()  # type: ignore[attr-defined]
-    return [line for line in data.split(b"\n") if line]
+    return [line for line in data.split(b"\n")
+            if line and (positions or not line.startswith(b"S "))]
 
 
 def activeWithFollower(lab: Lab) -> PeerChannel:
@@ -249,7 +254,7 @@ def test_an_expiry_with_no_answer_leaves_in_the_same_turn() -> None:
 
 def following(lab: Lab, leader: int = 0) -> PeerChannel:
     channel = lab.link(leader, outbound=True)
-    lab.hear(channel, b"HB %d active - 5" % NOW_US)
+    lab.hear(channel, b"HB %d active - 5 0" % NOW_US)
     assert lab.cluster.leader == leader
     assert b"SYNC" in lines(channel)
     return channel
@@ -275,13 +280,13 @@ def test_a_forged_huge_token_or_term_changes_nothing() -> None:
     leader = following(lab)
     before = lab.locks.lastToken()
     top = 2**64 - 1
-    lab.hear(leader, b"HB 0 active - %d" % top, b"HB %d active - 1" % top,
+    lab.hear(leader, b"HB 0 active - %d 0" % top, b"HB %d active - 1 0" % top,
              b"SNAP %d 1" % top, b"G k %d 1000 0 1 -" % top)
     assert lab.locks.lastToken() == before
     assert lab.cluster.maxTerm < top and lab.cluster.views[0].term < top
     assert dict(lab.locks.heldKeys()) == {}
     # Within an hour of our clock is fine.
-    lab.hear(leader, b"HB %d active - %d" % (NOW_US, NOW_US + 3599 * 10**6))
+    lab.hear(leader, b"HB %d active - %d 0" % (NOW_US, NOW_US + 3599 * 10**6))
     assert lab.locks.lastToken() == NOW_US + 3599 * 10**6
 
 
@@ -323,7 +328,7 @@ def test_with_ack_answers_wait_until_the_standby_acknowledged_them() -> None:
     lab.client()
     lab.protocol.dataReceived(b"A k 30 0\n")
     lab.clock.advance(0)
-    stream = lines(follower)
+    stream = lines(follower, positions=True)
     assert [line.split()[0] for line in stream] == [b"G", b"S"]
     position = int(stream[-1].split()[1])
     lab.clock.advance(0.01)
@@ -363,7 +368,7 @@ def test_with_ack_acknowledgements_do_not_make_a_timer_each() -> None:
         lab.protocol.dataReceived(b"P %d\n" % n)  # a turn held behind the last change
         lab.protocol.dataReceived(b"A k%d 30 0\n" % n)
         lab.clock.advance(0)
-        position = int(lines(follower)[-1].split()[1])
+        position = int(lines(follower, positions=True)[-1].split()[1])
         lab.hear(follower, b"ACK %d" % position)
         assert lab.protocol.transport.value().endswith(b"\n")  # type: ignore[union-attr]
         lab.protocol.transport.clear()  # type: ignore[union-attr]
@@ -428,7 +433,7 @@ def test_a_standby_acknowledges_each_read_on_receipt_and_reads_unpaced() -> None
     assert lines(leader) == [b"ACK 8"]
     assert acked[0] == b"ACK 8\n"
     assert sorted(k for k, _ in lab.locks.heldKeys()) == [b"a", b"b"]
-    lab.hear(leader, b"HB %d active - 12" % NOW_US)
+    lab.hear(leader, b"HB %d active - 12 0" % NOW_US)
     assert lines(leader) == []  # nothing to acknowledge in that read
 
 
@@ -498,7 +503,7 @@ def test_a_heal_does_not_undo_what_the_winner_released_while_cut_off() -> None:
     """
     lab = Lab()
     follower = activeWithFollower(lab)
-    lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+    lab.hear(follower, b"HB %d standby 0 1 0" % NOW_US)
     lab.client()
     token = {k: int(lab.ask(b"A %s 600 0" % k).split()[2])
              for k in (b"before-cut", b"after-cut", b"kept")}
@@ -515,7 +520,7 @@ def test_a_heal_does_not_undo_what_the_winner_released_while_cut_off() -> None:
     assert b"expiring" not in dict(lab.locks.heldKeys())
     # The heal: the other side offers its copy, and what it granted.
     back = lab.link(1, outbound=False)
-    lab.hear(back, b"OFFER 1 %d" % (NOW_US + 9),
+    lab.hear(back, b"OFFER 1 %d 0" % (NOW_US + 9),
              b"MERGE before-cut %d 590000000 1000000 1 -" % token[b"before-cut"],
              b"MERGE after-cut %d 590000000 1000000 1 -" % token[b"after-cut"],
              b"MERGE kept %d 590000000 1000000 1 -" % token[b"kept"],
@@ -526,8 +531,8 @@ def test_a_heal_does_not_undo_what_the_winner_released_while_cut_off() -> None:
     # before: cut again mid-snapshot, it would offer its old copy again),
     # the notes are forgotten.
     other = lab.link(2, outbound=False)
-    lab.hear(back, b"HB %d standby 0 1" % NOW_US)
-    lab.hear(other, b"SYNC", b"HB %d standby 0 1" % NOW_US)
+    lab.hear(back, b"HB %d standby 0 1 0" % NOW_US)
+    lab.hear(other, b"SYNC", b"HB %d standby 0 1 0" % NOW_US)
     lab.cluster.tick()
     assert lab.cluster.releases.noted
     lab.hear(back, b"SYNCED")
@@ -553,14 +558,14 @@ def test_a_node_that_steps_down_offers_its_keys_before_syncing() -> None:
     lab.client()
     token = int(lab.ask(b"A mine 30 0").split()[2])
     higher = lab.link(0, outbound=True)
-    lab.hear(higher, b"HB %d active - 5" % (NOW_US + 1))
+    lab.hear(higher, b"HB %d active - 5 0" % (NOW_US + 1))
     assert lab.cluster.role == STANDBY
     sent = lines(higher)
     merges = [line for line in sent if line.startswith(b"MERGE ")]
     assert [m.split()[1:3] for m in merges] == [[b"mine", b"%d" % token]]
     assert sent.index(merges[0]) < sent.index(b"SYNC")
     # The offer says whose keys these are: our own, of our term.
-    assert sent[sent.index(merges[0]) - 1] == b"OFFER 1 %d" % NOW_US
+    assert sent[sent.index(merges[0]) - 1] == b"OFFER 1 %d %d" % (NOW_US, terms.WHOLE)
 
 
 def test_a_standby_that_changes_leader_says_whose_stream_its_keys_mirror() -> None:
@@ -568,10 +573,10 @@ def test_a_standby_that_changes_leader_says_whose_stream_its_keys_mirror() -> No
     old = following(lab, leader=1)
     lab.hear(old, b"SNAP %d 1" % NOW_US, b"H k 9 30000000 0 1 -", b"SNAPEND")
     new = lab.link(0, outbound=True)
-    lab.hear(new, b"HB %d active - 5" % (NOW_US + 5))
+    lab.hear(new, b"HB %d active - 5 0" % (NOW_US + 5))
     assert lab.cluster.leader == 0
     sent = lines(new)
-    at = sent.index(b"OFFER 1 %d" % NOW_US)
+    at = sent.index(b"OFFER 1 %d 0" % NOW_US)
     assert sent[at + 1:at + 3] == [b"MERGE k 9 30000000 0 1 -", b"SYNC"]
 
 
@@ -593,7 +598,7 @@ def test_a_standby_reads_its_old_leaders_link_up_before_it_offers_its_keys() -> 
 
     old.catchUp = catchUp  # type: ignore[method-assign]
     new = lab.link(0, outbound=True)
-    lab.hear(new, b"HB %d active - 5" % (NOW_US + 5))
+    lab.hear(new, b"HB %d active - 5 0" % (NOW_US + 5))
     assert lab.cluster.leader == 0
     offered = [line.split()[1] for line in lines(new) if line.startswith(b"MERGE ")]
     assert offered == [b"kept"]
@@ -612,30 +617,63 @@ def test_an_offer_of_the_stream_taken_over_by_handoff_brings_back_no_released_ke
     lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H kept 1 30000000 0 1 -",
              b"G released 3 30000000 0 1 -", b"D released 3", b"SNAPEND")
     fromOther = lab.link(2, outbound=False)
-    lab.hear(fromOther, b"HB %d standby 1 1" % NOW_US)
+    lab.hear(fromOther, b"HB %d standby 1 1 0" % NOW_US)
     lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
     assert lab.cluster.role == ACTIVE
-    lab.hear(fromOther, b"OFFER 1 %d" % NOW_US, b"MERGE kept 1 30000000 0 1 -",
+    lab.hear(fromOther, b"OFFER 1 %d 0" % NOW_US, b"MERGE kept 1 30000000 0 1 -",
              b"MERGE released 3 30000000 0 1 -", b"SYNC")
     assert sorted(dict(lab.locks.heldKeys())) == [b"kept"]
     assert lab.cluster.merged == 0
-    lab.hear(fromOther, b"OFFER 2 %d" % (NOW_US + 2), b"MERGE theirs 4 30000000 0 1 -")
+    lab.hear(fromOther, b"OFFER 2 %d 0" % (NOW_US + 2), b"MERGE theirs 4 30000000 0 1 -")
     assert sorted(dict(lab.locks.heldKeys())) == [b"kept", b"theirs"]
 
 
-def test_after_a_promotion_every_offer_is_merged() -> None:
+def test_after_a_promotion_an_offer_that_goes_further_in_the_stream_is_merged() -> None:
     """
     A standby promoted on its leader's death may have missed the last of
-    that leader's stream: the other standby's offer of it is merged.
+    that leader's stream: the other standby's offer of it, from further
+    in that stream, is merged; an offer from no further than our copy
+    went (its link was cut meanwhile) brings nothing we lack, and is
+    ignored.
     """
     lab = Lab(me=1)
     leader = following(lab, leader=0)
-    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND")
-    lab.cluster.eras.inheritedFrom = (0, NOW_US)  # from an earlier handoff
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"SNAPEND", b"G kept 2 30000000 0 1 -", b"S 7")
     lab.cluster._promote()
+    assert lab.cluster.eras.inheritedFrom == (0, NOW_US, 7)
     fromOther = lab.link(2, outbound=False)
-    lab.hear(fromOther, b"OFFER 0 %d" % NOW_US, b"MERGE missed 3 30000000 0 1 -", b"SYNC")
-    assert sorted(dict(lab.locks.heldKeys())) == [b"missed"]
+    lab.hear(fromOther, b"OFFER 0 %d 6" % NOW_US, b"MERGE released 3 30000000 0 1 -")
+    assert sorted(dict(lab.locks.heldKeys())) == [b"kept"]
+    lab.hear(fromOther, b"OFFER 0 %d 9" % NOW_US, b"MERGE kept 2 30000000 0 1 -",
+             b"MERGE missed 4 30000000 0 1 -", b"SYNC")
+    assert sorted(dict(lab.locks.heldKeys())) == [b"kept", b"missed"]
+
+
+def test_a_release_answered_past_the_end_of_our_cut_copy_ends_the_grant_here() -> None:
+    """
+    Our link to the active was cut (one way) while it went on, answering
+    releases the other standby acknowledged; we promoted with our short
+    copy.  The other standby's offer, from further in that stream, lacks
+    those grants: they end here (a release answered OK is never undone),
+    the waiters get the keys, and our standbys hear of it.  Grants we made
+    ourselves since, and those it offers, stay.
+    """
+    lab = Lab(me=1)
+    leader = following(lab, leader=0)
+    lab.hear(leader, b"SNAP %d 1" % NOW_US, b"H released 2 30000000 0 1 -",
+             b"H kept 3 30000000 0 1 -", b"SNAPEND", b"S 7")
+    lab.cluster.views[0].alive = False
+    lab.cluster._promote()
+    lab.client()
+    mine = int(lab.ask(b"A mine 30 0").split()[2])
+    assert lab.ask(b"A released 30 0") == b""  # queued behind the stale copy
+    other = lab.link(2, outbound=False)
+    lab.hear(other, b"OFFER 0 %d 9" % NOW_US, b"MERGE kept 3 30000000 0 1 -", b"SYNC")
+    lab.clock.advance(0)
+    held = {key: h.token for key, h in lab.locks.heldKeys()}
+    assert held[b"kept"] == 3 and held[b"mine"] == mine
+    assert held[b"released"] > mine  # the waiter got it
+    assert lab.protocol.transport.value().startswith(b"A released ")  # type: ignore[union-attr]
 
 
 def test_the_losers_releases_stay_released_after_the_heal() -> None:
@@ -651,8 +689,8 @@ def test_the_losers_releases_stay_released_after_the_heal() -> None:
     waiter = lab.client()
     lab.protocol.dataReceived(b"A waited 30 10\n")
     lab.clock.advance(0)
-    lab.cluster.eras.inheritedFrom = (1, NOW_US)
-    lab.hear(loser, b"OFFER 1 %d" % NOW_US, b"RELEASED gone %d" % gone,
+    lab.cluster.eras.inheritedFrom = (1, NOW_US, terms.WHOLE)
+    lab.hear(loser, b"OFFER 1 %d 0" % NOW_US, b"RELEASED gone %d" % gone,
              b"RELEASED waited %d" % waited, b"RELEASED other %d" % (other - 1),
              b"MERGE gone %d 30000000 0 1 -" % gone, b"SYNC")
     lab.clock.advance(0)
@@ -681,7 +719,7 @@ def test_a_promoted_node_brings_its_releases_of_inherited_grants_to_the_heal() -
     mine = int(lab.ask(b"A mine 30 0").split()[2])
     assert lab.ask(b"R mine %d" % mine) == b"R mine OK\n"
     back = lab.link(0, outbound=True)
-    lab.hear(back, b"HB %d active - 5" % (lab.cluster.term + 1))
+    lab.hear(back, b"HB %d active - 5 0" % (lab.cluster.term + 1))
     assert lab.cluster.role == STANDBY
     sent = lines(back)
     assert sent[0].startswith(b"OFFER 1 ")
@@ -712,11 +750,11 @@ def test_the_serving_line_counts_only_live_peers_that_receive_the_stream() -> No
     said: List[str] = []
     lab.cluster.log = Logger(observer=lambda event: said.append(formatEvent(event)))
     follower = lab.link(1, outbound=False)
-    lab.hear(follower, b"HB %d standby - 1" % NOW_US)
+    lab.hear(follower, b"HB %d standby - 1 0" % NOW_US)
     lab.cluster.term = NOW_US
     lab.cluster.setRole(ACTIVE)  # node 1 is live and not yet ours: not serving
     assert not lab.cluster.serving
-    lab.hear(follower, b"SYNC", b"HB %d standby 0 1" % NOW_US)
+    lab.hear(follower, b"SYNC", b"HB %d standby 0 1 0" % NOW_US)
     assert lab.cluster.serving
     serving = [line for line in said if line.startswith("serving:")]
     assert serving and serving[-1].startswith("serving: 1 live peer(s) receive the stream"), said
@@ -746,7 +784,7 @@ def test_a_node_far_behind_its_peers_stands_by_and_says_why() -> None:
     lab.cluster.startService()
     ahead = lab.link(1, outbound=True)
     for _ in range(30):
-        lab.hear(ahead, b"HB %d active - %d" % (NOW_US, NOW_US))
+        lab.hear(ahead, b"HB %d active - %d 0" % (NOW_US, NOW_US))
         ticks(lab, 0.1)
     assert lab.cluster.role == STANDBY and lab.locks.role == STANDBY
     assert lab.locks.lastToken() < NOW_US and lab.cluster.maxTerm < NOW_US
@@ -770,7 +808,7 @@ def test_an_active_that_meets_a_peer_far_ahead_steps_down_and_offers_its_keys() 
     token = int(lab.ask(b"A mine 30 0").split()[2])
     ahead = lab.link(1, outbound=True)
     far = NOW_US + 7200 * 10**6
-    lab.hear(ahead, b"HB %d active - %d" % (far, far))
+    lab.hear(ahead, b"HB %d active - %d 0" % (far, far))
     assert lab.cluster.role == STANDBY and not lab.cluster.serving
     sent = lines(ahead)
     assert b"MERGE mine %d 30000000 0 1 -" % token in sent and b"SYNC" not in sent
@@ -822,12 +860,12 @@ def test_a_standby_that_was_stopped_reads_before_it_judges_silence() -> None:
     """
     lab = Lab(me=1)
     leader = following(lab)
-    lab.hear(leader, b"HB %d active - 5" % NOW_US)
+    lab.hear(leader, b"HB %d active - 5 0" % NOW_US)
     ticks(lab, 0.3)
     lab.clock.advance(1.5)  # stopped
     lab.cluster.tick()  # timers run first on resuming
     assert lab.cluster.views[0].alive and not leader.closing
-    lab.hear(leader, b"HB %d active - 5" % NOW_US)  # what waited in the socket
+    lab.hear(leader, b"HB %d active - 5 0" % NOW_US)  # what waited in the socket
     lab.clock.advance(0)
     assert lab.cluster.views[0].alive and not leader.closing
     assert lab.cluster.role != ACTIVE
@@ -850,7 +888,7 @@ def test_an_active_that_was_stopped_serves_nothing_until_it_has_read_its_peers(
     """
     lab = Lab()
     follower = activeWithFollower(lab)
-    lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+    lab.hear(follower, b"HB %d standby 0 1 0" % NOW_US)
     lab.client()
     token = int(lab.ask(b"A k 600 0").split()[2])
     ticks(lab, 0.3)
@@ -861,7 +899,7 @@ def test_an_active_that_was_stopped_serves_nothing_until_it_has_read_its_peers(
     assert lab.locks.table.tokenOf(b"k") == token
     if not tickFirst:
         lab.cluster.tick()
-    lab.hear(follower, b"HB %d standby 0 1" % NOW_US)  # what waited in the socket
+    lab.hear(follower, b"HB %d standby 0 1 0" % NOW_US)  # what waited in the socket
     lab.clock.advance(0)
     assert lab.cluster.role == ACTIVE
     assert lab.ask(b"R k %d" % token) == b"R k OK\n"
@@ -877,7 +915,7 @@ def test_heartbeats_on_time_never_look_like_a_freeze() -> None:
     lab.client()
     for _ in range(5):
         lab.clock.advance(0.1)
-        lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+        lab.hear(follower, b"HB %d standby 0 1 0" % NOW_US)
         assert lab.ask(b"A k%d 30 0" % _).startswith(b"A ")
         lab.cluster.tick()
 
@@ -917,7 +955,7 @@ def test_a_snapshot_is_streamed_in_chunks_and_reads_current_state() -> None:
 def test_one_successor_per_handoff() -> None:
     lab = Lab()
     follower = activeWithFollower(lab)
-    lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+    lab.hear(follower, b"HB %d standby 0 1 0" % NOW_US)
     lab.cluster.handoffs.start(1, stopping=True)
     assert lab.cluster.role == HANDING_OFF
     sent = lines(follower)
@@ -926,10 +964,10 @@ def test_one_successor_per_handoff() -> None:
     # No TAKEN, but the successor is alive: keep waiting, never a second one.
     for _ in range(int(handoff.HANDOFF_GIVE_UP / handoff.HANDOFF_CHECK) - 2):
         lab.clock.advance(handoff.HANDOFF_CHECK)
-        lab.hear(follower, b"HB %d standby 0 1" % NOW_US)
+        lab.hear(follower, b"HB %d standby 0 1 0" % NOW_US)
     assert lab.cluster.role == HANDING_OFF
     # Its heartbeat shows it took over (the TAKEN was lost): done.
-    lab.hear(follower, b"HB %d active - 1" % term)
+    lab.hear(follower, b"HB %d active - 1 0" % term)
     lab.clock.advance(handoff.HANDOFF_CHECK)
     assert lab.cluster.role != ACTIVE and lab.cluster.handoffs.current is None
 
@@ -950,10 +988,10 @@ def test_a_stopping_active_offers_the_handoff_to_a_standby_heard_lately_first() 
     while second.snapshot is not None:
         second.snapshot.resumeProducing()
     lines(second)
-    lab.hear(first, b"HB %d standby 0 1" % NOW_US)
-    lab.hear(second, b"HB %d standby 0 1" % NOW_US)
+    lab.hear(first, b"HB %d standby 0 1 0" % NOW_US)
+    lab.hear(second, b"HB %d standby 0 1 0" % NOW_US)
     lab.clock.advance(0.3)  # node 1 silent since (frozen?), node 2 not
-    lab.hear(second, b"HB %d standby 0 1" % NOW_US)
+    lab.hear(second, b"HB %d standby 0 1 0" % NOW_US)
     ensureDeferred(lab.cluster.handoffs.beforeStopping())
     assert any(line.startswith(b"HANDOFF ") for line in lines(second))
     assert not any(line.startswith(b"HANDOFF ") for line in lines(first))
@@ -994,7 +1032,7 @@ def test_a_successor_that_just_ran_again_refuses_a_handoff_it_read_late() -> Non
     lab.hear(leader, b"HANDOFF %d" % (NOW_US + 6))
     assert b"REFUSED %d" % (NOW_US + 6) in lines(leader)
     lab.clock.advance(0)  # the catching-up tick
-    lab.hear(leader, b"HB %d active - 9" % NOW_US)
+    lab.hear(leader, b"HB %d active - 9 0" % NOW_US)
     lab.hear(leader, b"HANDOFF %d" % (NOW_US + 7))
     assert b"TAKEN %d" % (NOW_US + 7) in lines(leader)
     assert lab.cluster.role == ACTIVE
@@ -1046,11 +1084,11 @@ def takenOver(lab: Lab) -> Tuple[PeerChannel, PeerChannel, PeerChannel]:
     assert lab.cluster.role == STANDBY
     fromOld = lab.link(1, outbound=False)
     fromOther = lab.link(2, outbound=False)
-    lab.hear(fromOther, b"HB %d standby 1 1" % NOW_US)
+    lab.hear(fromOther, b"HB %d standby 1 1 0" % NOW_US)
     lab.hear(leader, b"HANDOFF %d" % (NOW_US + 5))
     assert b"TAKEN %d" % (NOW_US + 5) in lines(leader)
     assert lab.cluster.role == ACTIVE
-    lab.hear(leader, b"HB %d handing-off - 1" % (NOW_US + 5))
+    lab.hear(leader, b"HB %d handing-off - 1 0" % (NOW_US + 5))
     return leader, fromOld, fromOther
 
 
@@ -1062,9 +1100,9 @@ def test_a_new_active_answers_no_change_until_its_live_peers_receive_its_stream(
     # a grant answered now would be lost on a kill -9 of this node.
     assert lab.ask(b"A k 30 0") == b"M A k *\n"
     assert lab.ask(b"R old 1") == b"M R old *\n"
-    lab.hear(fromOld, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+    lab.hear(fromOld, b"SYNC", b"HB %d standby 0 1 0" % (NOW_US + 5))
     assert lab.ask(b"A k 30 0") == b"M A k *\n"
-    lab.hear(fromOther, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+    lab.hear(fromOther, b"SYNC", b"HB %d standby 0 1 0" % (NOW_US + 5))
     for channel in (fromOld, fromOther):
         while channel.snapshot is not None:
             channel.snapshot.resumeProducing()
@@ -1082,7 +1120,7 @@ def test_a_new_active_freezes_again_when_a_subscriber_link_drops() -> None:
     lab = Lab()
     leader, fromOld, fromOther = takenOver(lab)
     for channel in (fromOld, fromOther):
-        lab.hear(channel, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+        lab.hear(channel, b"SYNC", b"HB %d standby 0 1 0" % (NOW_US + 5))
     lab.client()
     assert lab.ask(b"A k 30 0").startswith(b"A k ")
     # The old active's link resets; it is alive (heard on our outbound
@@ -1090,25 +1128,25 @@ def test_a_new_active_freezes_again_when_a_subscriber_link_drops() -> None:
     fromOld.connectionLost(Failure(ConnectionLost()))
     assert lab.ask(b"A j 30 0") == b"M A j *\n"
     again = lab.link(1, outbound=False)
-    lab.hear(again, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+    lab.hear(again, b"SYNC", b"HB %d standby 0 1 0" % (NOW_US + 5))
     assert lab.ask(b"A j 30 0").startswith(b"A j ")
 
 
 def test_a_live_peer_that_never_follows_does_not_freeze_the_active_forever() -> None:
     lab = Lab()
     leader, fromOld, fromOther = takenOver(lab)
-    lab.hear(fromOld, b"SYNC", b"HB %d standby 0 1" % (NOW_US + 5))
+    lab.hear(fromOld, b"SYNC", b"HB %d standby 0 1 0" % (NOW_US + 5))
     lab.client()
     assert lab.ask(b"A k 30 0") == b"M A k *\n"
     # Node 2 stays alive but never asks for our stream.
     for _ in range(19):
         lab.clock.advance(0.1)
-        lab.hear(fromOther, b"HB %d standby 1 1" % NOW_US)
-        lab.hear(fromOld, b"HB %d standby 0 1" % (NOW_US + 5))
+        lab.hear(fromOther, b"HB %d standby 1 1 0" % NOW_US)
+        lab.hear(fromOld, b"HB %d standby 0 1 0" % (NOW_US + 5))
         lab.cluster.tick()
     assert lab.ask(b"A k 30 0") == b"M A k *\n"
     lab.clock.advance(0.2)
-    lab.hear(fromOther, b"HB %d standby 1 1" % NOW_US)
+    lab.hear(fromOther, b"HB %d standby 1 1 0" % NOW_US)
     lab.cluster.tick()
     assert lab.ask(b"A k 30 0").startswith(b"A k ")
 
@@ -1118,12 +1156,12 @@ def test_a_fresh_active_waits_for_a_syncing_peer_to_subscribe() -> None:
     peer = lab.link(1, outbound=False)
     for _ in range(5):
         lab.clock.advance(0.5)
-        lab.hear(peer, b"HB 0 syncing - 0")
+        lab.hear(peer, b"HB 0 syncing - 0 0")
         lab.cluster.tick()
     assert lab.cluster.role == ACTIVE
     lab.client()
     assert lab.ask(b"A k 30 0") == b"M A k *\n"
-    lab.hear(peer, b"SYNC", b"HB %d syncing 0 0" % lab.cluster.term)
+    lab.hear(peer, b"SYNC", b"HB %d syncing 0 0 0" % lab.cluster.term)
     assert lab.ask(b"A k 30 0").startswith(b"A k ")
 
 

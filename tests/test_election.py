@@ -103,3 +103,27 @@ def test_a_peer_that_distrusts_its_clock_is_neither_waited_for_nor_handed_the_ro
     assert decide(1, me(ACTIVE, 5), {0: PeerView(STANDBY, 1, 1, True, clockSuspect=True)}) is None
     assert decide(1, me(SYNCING), {0: PeerView(SYNCING, 1, None, True, clockSuspect=True)}) \
         == Action("promote")
+
+
+def test_the_standby_whose_copy_of_the_stream_goes_furthest_promotes() -> None:
+    """
+    Node1's link to the active was cut one way while the active went on
+    (releases node2 acknowledged): node1's copy is shorter.  When the
+    active dies node2 promotes over node1, whose priority is higher;
+    equal copies, or copies of different leaders' streams, leave it to
+    priority.
+    """
+    dead = peer(ACTIVE, alive=False)
+    ahead = PeerView(STANDBY, 1, 0, True, position=120)
+    behind = PeerView(STANDBY, 1, 0, True, position=100)
+    assert decide(1, SelfView(STANDBY, 1, 0, True, position=100), {0: dead, 2: ahead}) is None
+    assert decide(2, SelfView(STANDBY, 1, 0, True, position=120),
+                  {0: dead, 1: behind}) == Action("promote")
+    level = PeerView(STANDBY, 1, 0, True, position=120)
+    assert decide(1, SelfView(STANDBY, 1, 0, True, position=120),
+                  {0: dead, 2: level}) == Action("promote")
+    assert decide(2, SelfView(STANDBY, 1, 0, True, position=120), {0: dead, 1: level}) is None
+    # Another leader's stream: positions do not compare; priority decides.
+    other = PeerView(STANDBY, 1, 3, True, position=999)
+    assert decide(1, SelfView(STANDBY, 1, 0, True, position=100),
+                  {0: dead, 2: other}) == Action("promote")

@@ -155,7 +155,7 @@ def test_a_reflected_challenge_is_not_an_auth() -> None:
     """
     n0 = Owner(0)
     t = StringTransport()
-    channel = acceptChannel(n0, t, b"HELLO 2 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16)  # type: ignore[arg-type]
+    channel = acceptChannel(n0, t, b"HELLO 3 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16)  # type: ignore[arg-type]
     mac = take(t)[0].split()[2]
     channel.dataReceived(b"AUTH " + mac + b"\n")
     assert take(t) == [b"E * * peer authentication failed"] and n0.up == []
@@ -176,9 +176,9 @@ def test_a_recorded_auth_does_not_replay() -> None:
 def test_malformed_hellos_are_refused() -> None:
     for hello, why in [
         (b"HELLO 1 " + PEERS[1] + b" abcd", b"bad peer hello"),
-        (b"HELLO 2 " + PEERS[1] + b" " + PEERS[0] + b" short", b"bad peer hello"),
-        (b"HELLO 2 10.9.9.9:1 " + PEERS[0] + b" " + b"ab" * 16, b"not a peer of this cluster"),
-        (b"HELLO 2 " + PEERS[0] + b" " + PEERS[0] + b" " + b"ab" * 16,
+        (b"HELLO 3 " + PEERS[1] + b" " + PEERS[0] + b" short", b"bad peer hello"),
+        (b"HELLO 3 10.9.9.9:1 " + PEERS[0] + b" " + b"ab" * 16, b"not a peer of this cluster"),
+        (b"HELLO 3 " + PEERS[0] + b" " + PEERS[0] + b" " + b"ab" * 16,
          b"not a peer of this cluster"),
     ]:
         t = StringTransport()
@@ -189,7 +189,7 @@ def test_malformed_hellos_are_refused() -> None:
 def test_handshake_times_out() -> None:
     a = Owner(0)
     t = StringTransport()
-    acceptChannel(a, t, b"HELLO 2 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16)  # type: ignore[arg-type]
+    acceptChannel(a, t, b"HELLO 3 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16)  # type: ignore[arg-type]
     take(t)
     a.clock.advance(5)
     assert take(t) == [b"E * * handshake timed out"] and t.disconnecting
@@ -198,7 +198,7 @@ def test_handshake_times_out() -> None:
 def test_a_flood_of_hellos_is_refused_before_any_proof() -> None:
     a = Owner(0)
     limit = HandshakeLimit(a.clock, rate=20, burst=20)
-    hello = b"HELLO 2 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16
+    hello = b"HELLO 3 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16
     answers = []
     for _ in range(300):
         t = StringTransport()
@@ -291,7 +291,7 @@ def test_heartbeats_and_big_reads_never_pause() -> None:
     assert isinstance(transport, StringTransport)
     for _ in range(20):  # heartbeats: one read every 100 ms
         a.clock.advance(0.1)
-        outbound.dataReceived(b"HB 1 active 1 5\n")
+        outbound.dataReceived(b"HB 1 active 1 5 0\n")
         assert transport.producerState == "producing"
     big = b"H k 1 2 3 1 -\n" * (PACE_READS_BELOW // 10 + 1)
     for _ in range(3):  # a snapshot or a backlog: read as fast as it comes
@@ -300,8 +300,8 @@ def test_heartbeats_and_big_reads_never_pause() -> None:
     # The accepting side is never paced (its reading belongs to the
     # client-port protocol's backpressure).
     assert inbound is not None
-    inbound.dataReceived(b"HB 1 active 1 5\n")
-    inbound.dataReceived(b"HB 1 active 1 5\n")
+    inbound.dataReceived(b"HB 1 active 1 5 0\n")
+    inbound.dataReceived(b"HB 1 active 1 5 0\n")
     assert isinstance(inbound.transport, StringTransport)
     assert inbound.transport.producerState == "producing"
 

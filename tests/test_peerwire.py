@@ -17,22 +17,23 @@ def fields(line: bytes) -> list[bytes]:
     return line.rstrip(b"\n").split(b" ")
 
 
-@pytest.mark.parametrize("term, role, leader, token, suspect", [
-    (5, ACTIVE, None, 9, False),
-    (2**63, STANDBY, 2, 0, True),
+@pytest.mark.parametrize("term, role, leader, token, suspect, position", [
+    (5, ACTIVE, None, 9, False, 0),
+    (2**63, STANDBY, 2, 0, True, 77),
 ])
-def test_heartbeats_round_trip(term, role, leader, token, suspect) -> None:  # type: ignore[no-untyped-def]
-    line = peerwire.heartbeat(term, role, leader, token, suspect)
+def test_heartbeats_round_trip(term, role, leader, token, suspect, position) -> None:  # type: ignore[no-untyped-def]
+    line = peerwire.heartbeat(term, role, leader, token, suspect, position)
     assert line.endswith(b" suspect") == suspect
-    assert peerwire.parseHeartbeat(fields(line)) == (term, role, leader, token, suspect)
+    assert peerwire.parseHeartbeat(fields(line)) == (term, role, leader, token, suspect,
+                                                     position)
 
 
 def test_an_unknown_role_reads_as_syncing() -> None:
-    assert peerwire.parseHeartbeat(fields(b"HB 1 leading - 3")).role == SYNCING
+    assert peerwire.parseHeartbeat(fields(b"HB 1 leading - 3 0")).role == SYNCING
 
 
-@pytest.mark.parametrize("line", [b"HB", b"HB 1 active -", b"HB x active - 3",
-                                  b"HB 1 active y 3", b"HB 1 \xff - 3"])
+@pytest.mark.parametrize("line", [b"HB", b"HB 1 active -", b"HB x active - 3 0",
+                                  b"HB 1 active y 3 0", b"HB 1 \xff - 3"])
 def test_malformed_heartbeats(line: bytes) -> None:
     with pytest.raises(Malformed):
         peerwire.parseHeartbeat(fields(line))
@@ -44,13 +45,13 @@ def test_snapshot_and_positions_and_terms_round_trip() -> None:
     assert peerwire.parsePosition(fields(peerwire.ackLine(b"12"))) == 12
     for build in (peerwire.handoff, peerwire.taken, peerwire.refused):
         assert peerwire.parseTerm(fields(build(99))) == 99
-    assert peerwire.parseOffer(fields(b"OFFER 1 77")) == (1, 77)
+    assert peerwire.parseOffer(fields(b"OFFER 1 77 5")) == (1, 77, 5)
 
 
 @pytest.mark.parametrize("parse, line", [
     (peerwire.parseSnapshotBegins, b"SNAP 1"), (peerwire.parseSnapshotBegins, b"SNAP a 1"),
     (peerwire.parsePosition, b"ACK"), (peerwire.parsePosition, b"ACK x"),
-    (peerwire.parseTerm, b"HANDOFF"), (peerwire.parseOffer, b"OFFER 1"),
+    (peerwire.parseTerm, b"HANDOFF"), (peerwire.parseOffer, b"OFFER 1 2"),
 ])
 def test_malformed_short_lines(parse, line: bytes) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(Malformed):
@@ -59,7 +60,7 @@ def test_malformed_short_lines(parse, line: bytes) -> None:  # type: ignore[no-u
 
 def test_the_last_position_of_a_read() -> None:
     assert peerwire.lastPosition([b"G k 1 2 3", b"S 7", b"G j 2 2 3", b"S 8\r"]) == b"8"
-    assert peerwire.lastPosition([b"HB 1 active - 3"]) is None
+    assert peerwire.lastPosition([b"HB 1 active - 3 0"]) is None
 
 
 def test_changes_round_trip_in_order() -> None:
@@ -92,16 +93,16 @@ def test_malformed_and_implausible_changes_are_left_out() -> None:
 
 
 def test_an_offer_round_trips() -> None:
-    data = peerwire.offerLines((1, 77), [(b"gone", 5)],
+    data = peerwire.offerLines((1, 77, 5), [(b"gone", 5)],
                                [(b"k", 9, 30_000_000, 1_000_000, EXCLUSIVE, b"me", False),
                                 (b"r", 10, 20_000_000, 0, READ, None, True)])
     lines = data.rstrip(b"\n").split(b"\n")
-    assert peerwire.parseOffer(fields(lines[0])) == (1, 77)
+    assert peerwire.parseOffer(fields(lines[0])) == (1, 77, 5)
     offered = [peerwire.parseOffered(line) for line in lines[1:]]
     assert offered == [(True, b"gone", 5, 0.0, 0.0, EXCLUSIVE, None, False),
                        (False, b"k", 9, 30.0, 1.0, EXCLUSIVE, b"me", False),
                        (False, b"r", 10, 20.0, 0.0, READ, None, True)]
-    assert peerwire.offerLines((1, 77), [], []) == b""
+    assert peerwire.offerLines((1, 77, 5), [], []) == b"OFFER 1 77 5\n"
 
 
 @pytest.mark.parametrize("line", [b"MERGE k", b"MERGE k x 1 0 1 -", b"MERGE k 1 2",

@@ -46,6 +46,11 @@ class Following:
         # The leader whose link we read up before leaving it (see catchUp).
         self._leavingLeader: Optional[int] = None
         self.syncStartedAt = self.clock.seconds()
+        # How far our copy of our leader's stream goes: the last position
+        # it marked (S) that we received.  Heartbeats tell it: a standby
+        # whose stream was cut (a silent link, one way) is behind the
+        # others, and does not promote over them (see core/election.py).
+        self.position = 0
 
     def followed(self, previous: Optional[int], j: int) -> None:
         """
@@ -54,6 +59,7 @@ class Following:
         """
         if previous != j:
             self.log.info("following {peer}", peer=self.owner.name(j))
+            self.position = 0
         self._leavingLeader = None  # read it up again before leaving it
         channel = self.links.outbound.get(j)
         if channel is not None:
@@ -96,6 +102,7 @@ class Following:
         owner = self.owner
         if owner.plausible(j, token, "token") and owner.plausible(j, term, "term"):
             self.locks.clearHolders()
+            self.position = 0
             self.syncStartedAt = self.clock.seconds()
             self.links.longestSilence[j] = 0.0
             self.locks.observeToken(token)
@@ -139,3 +146,10 @@ class Following:
         position = peerwire.lastPosition(lines)
         if position is not None and self.owner.fromLeader(channel.remote or 0, channel):
             writeNow(channel, peerwire.ackLine(position))
+
+    def reached(self, j: int, channel: PeerChannel, fields: Sequence[bytes]) -> None:
+        """
+        An C{S} line: our copy of our leader's stream goes this far.
+        """
+        if self.owner.fromLeader(j, channel):
+            self.position = peerwire.parsePosition(fields)

@@ -10,7 +10,7 @@ one batch.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Set, Tuple
 
 from twisted.logger import Logger
 
@@ -122,8 +122,9 @@ class Healing:
         changes).  Merging it would bring back a lock whose release was
         answered C{OK}, so the offer is ignored.
         """
-        leader, term = peerwire.parseOffer(fields)
-        channel.staleOffer = self.eras.inherited((leader, term))
+        leader, term, position = peerwire.parseOffer(fields)
+        channel.staleOffer = self.eras.inherited((leader, term, position))
+        channel.furtherOffer = set() if self.eras.further((leader, term, position)) else None
         if channel.staleOffer:
             self.log.info(
                 "ignoring the keys {peer} offers: they mirror {leader}'s term {term}, "
@@ -161,6 +162,8 @@ class Healing:
                 self.log.warn("malformed peer message {fields!r}", fields=e.args[0])
                 continue
             key, token = offered.key, offered.token
+            if channel.furtherOffer is not None and not offered.released:
+                channel.furtherOffer.add((key, token))
             if key in keys:
                 locks.mirror(batch)
                 batch, keys = [], set()
@@ -203,6 +206,38 @@ class Healing:
                           offered.delayed))
         if batch:
             locks.mirror(batch)
+
+    def offerEnded(self, j: int, channel: PeerChannel) -> None:
+        """
+        The offer of peer C{j} is complete (its C{SYNC} came).  When it was
+        of the stream we took over, from further in it than our copy went
+        (our link to its leader was cut while the leader went on with the
+        others' acknowledgements), every grant of that stream we still
+        hold and it does not offer ended in the part we missed: a release
+        answered there, or an expiry.  They end here too, a chunk per
+        reactor turn: no answered release is undone by our short copy.
+        """
+        offered, channel.furtherOffer = channel.furtherOffer, None
+        if offered is None or self.owner.role != ACTIVE:
+            return
+        watermark = self.eras.inheritedTokens
+        table = self.locks.table
+        keys = table.keys()
+
+        def ending() -> Iterator[None]:
+            ended = 0
+            for key in keys:
+                for token, *_ in table.sharedGrantsOf(key):
+                    if token <= watermark and (key, token) not in offered:
+                        self.releaseMerged(key, token)
+                        ended += 1
+                yield None
+            if ended:
+                self.log.warn(
+                    "ended {n} grants that {peer}'s copy of the stream we took over shows "
+                    "ended (our copy of it was cut short)", n=ended, peer=self.owner.name(j))
+
+        self.locks.runInChunks(ending())
 
     def releaseMerged(self, key: bytes, token: int) -> None:
         """

@@ -55,7 +55,7 @@ class Heartbeats:
     def line(self) -> bytes:
         owner = self.owner
         return peerwire.heartbeat(owner.term, owner.role, owner.leader, self.locks.lastToken(),
-                                  owner.clockSuspect is not None)
+                                  owner.clockSuspect is not None, owner.position())
 
     def broadcast(self) -> None:
         self.links.broadcast(self.line())
@@ -140,6 +140,7 @@ class Heartbeats:
         view.role = beat.role
         view.leader = beat.leader
         view.clockSuspect = beat.suspect
+        view.position = beat.position
         now = self.wallMicros()
         ahead = clocktrust.aheadBy(beat.term, now)
         what = "term"

@@ -149,6 +149,12 @@ class IHeartbeatOwner(IPeers, IRole):
 
     eventSink = Attribute("the operator's event feed: called as (type, who, detail)")
 
+    def position() -> int:
+        """
+        How far this node's copy of its leader's stream goes (an active:
+        its own stream's position), for its heartbeats.
+        """
+
     def peerTerm(j: int, term: int, token: int) -> None:
         """
         Peer C{j}'s heartbeat carried C{term} and token C{token}, both plausible.

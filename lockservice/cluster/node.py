@@ -141,7 +141,8 @@ class Cluster(Service):
         self.lastHeard = self.links.lastHeard
         # Releases a lost follower may not know of (see released.py).
         self.releases = Releases(recentFor=2 * peerTimeout + 1.0)
-        self.stream = Stream(self, locks, self.links, self.releases, peerTimeout, replication)
+        self.stream = Stream(self, locks, self.links, self.releases, peerTimeout, replication,
+                             firstPosition=wallMicros())
         self.handoffs = Handoffs(self, self.clock, self.links, self.views, self.me)
         self.heartbeats = Heartbeats(self, locks, self.links, self.views, self.servingGate,
                                      wallMicros)
@@ -187,6 +188,11 @@ class Cluster(Service):
             if view.alive and view.role == ACTIVE:
                 return self.peers[self.leader]
         return None
+
+    def position(self) -> int:
+        if self.role in (ACTIVE, HANDING_OFF):
+            return self.stream.position
+        return self.following.position
 
     def fromLeader(self, j: int, channel: Any) -> bool:
         return channel.outbound and j == self.leader and self.role in (STANDBY, SYNCING)
@@ -290,7 +296,7 @@ class Cluster(Service):
         if merge:
             # Our keys mirror our leader's stream (or are our own, when we
             # step down): the offer says whose (see terms.Eras).
-            self.eras.leaving(self.me, self.leader, self.term)
+            self.eras.leaving(self.me, self.leader, self.term, self.following.position)
         previous, self.leader = self.leader, j
         self.following.followed(previous, j)
         self.broadcastHeartbeat()
@@ -313,7 +319,8 @@ class Cluster(Service):
         if self.clockSuspect is not None:
             may = False
         action = election.decide(
-            self.me, SelfView(self.role, self.term, self.leader, graceOver, may), self.views
+            self.me, SelfView(self.role, self.term, self.leader, graceOver, may,
+                              self.following.position), self.views
         )
         if action is not None and not self.stopping:
             self._act(action)
@@ -433,9 +440,15 @@ class Cluster(Service):
             self.locks.setRole(HANDING_OFF, None)
 
     def _promote(self) -> None:
+        # Our copy of our leader's stream goes at least as far as any live
+        # standby's (else we would not promote: see core/election.py), so
+        # an offer of that stream up to there brings nothing we lack.
+        followed = self.leader
+        self.eras.promoted(None if followed is None
+                           else (followed, self.term, self.following.position),
+                           self.locks.lastToken())
         self.term = self.newTerm()
         self.leader = None
-        self.eras.promoted()
         self.promotions += 1
         # The old active may come back with its copy of the grants we took
         # over: note our releases of them for that heal (see merge.py).
@@ -461,7 +474,7 @@ class Cluster(Service):
         # Everything of our leader's term reached us before its HANDOFF:
         # a standby's offer of keys from that same stream brings nothing
         # new, only keys dropped since (see healing.py).
-        self.eras.tookOver(j, self.term)
+        self.eras.tookOver((j, self.term, self.following.position), self.locks.lastToken())
         self.term = term
         self.learnTerm(term)
         self.leader = None

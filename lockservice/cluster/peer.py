@@ -32,7 +32,7 @@ import hmac
 import os
 from errno import EPIPE
 from hashlib import sha256
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Set, Tuple
 from typing import Protocol as TypingProtocol
 
 from twisted.internet.error import ConnectionDone
@@ -45,7 +45,7 @@ from lockservice.cluster import peerwire
 from lockservice.internals import plainSocket, readWaiting, unsentProbe, watchSocketError
 from lockservice.tcp import noDelay
 
-PROTOCOL_VERSION = b"2"
+PROTOCOL_VERSION = b"3"
 HANDSHAKE_TIMEOUT = 5.0
 MAX_PEER_LINE = 1 << 20
 
@@ -139,6 +139,9 @@ class PeerChannel:
         # (inbound) the MERGE lines that follow repeat a stream we already
         # have whole (see Healing.offered).
         self.staleOffer = False
+        # The grants an offer from further in the stream we took over
+        # holds, gathered until its SYNC (see Healing.offerEnded), or None.
+        self.furtherOffer: Optional[Set[Tuple[bytes, int]]] = None
         self.closing = False
         # (replication) since when a follower has left our writes unread,
         # and whether we cut it off for that.

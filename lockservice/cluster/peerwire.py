@@ -10,10 +10,12 @@ First the handshake (its rules and proofs are L{lockservice.cluster.peer}):
 
 then, once authenticated:
 
-    HB <term> <role> <leader|-> <last_token> [suspect]
-                                            every node, on every link, every --heartbeat
+    HB <term> <role> <leader|-> <last_token> <position> [suspect]
+                                            every node, on every link, every --heartbeat;
+                                            <position>: how far the node's copy of its
+                                            leader's stream goes (an active: its own)
     SYNC                                    follower -> leader: send state, then stream
-    OFFER <leader> <term>                   follower -> leader, before SYNC, on a heal:
+    OFFER <leader> <term> <position>        follower -> leader, before SYNC, on a heal:
     RELEASED <key> <token>                  what the follower holds and released
     MERGE <key> <token> <remaining_us> <age_us> <share> <holder> [d]
                                             (see L{lockservice.cluster.merge})
@@ -25,7 +27,8 @@ then, once authenticated:
     G <key> <token> <remaining_us> <age_us> <share> <holder> [d]
                                             a grant or a renewal (live stream)
     D <key> <token>                         a release or an expiry (live stream)
-    S <position>                            --replication ack: the stream up to here
+    S <position>                            the stream up to here (acknowledged with
+                                            --replication ack; and heartbeats say it)
     ACK <position>                          follower -> leader, once per read
     HANDOFF <term>                          old active -> successor
     TAKEN <term> | REFUSED <term>           successor -> old active
@@ -143,12 +146,13 @@ class Heartbeat(NamedTuple):
     leader: Optional[int]
     token: int
     suspect: bool
+    position: int = 0
 
 
 def heartbeat(term: int, role: str, leader: Optional[int], token: int,
-              suspect: bool) -> bytes:
-    line = b"HB %d %s %s %d" % (term, role.encode(), b"-" if leader is None else b"%d" % leader,
-                                token)
+              suspect: bool, position: int = 0) -> bytes:
+    line = b"HB %d %s %s %d %d" % (term, role.encode(),
+                                   b"-" if leader is None else b"%d" % leader, token, position)
     return line + b" " + SUSPECT if suspect else line
 
 
@@ -158,13 +162,13 @@ def parseHeartbeat(fields: Sequence[bytes]) -> Heartbeat:
     nothing we may rely on).
     """
     try:
-        term, token = int(fields[1]), int(fields[4])
+        term, token, position = int(fields[1]), int(fields[4]), int(fields[5])
         role = fields[2].decode()
         leader = None if fields[3] == b"-" else int(fields[3])
     except (IndexError, ValueError) as e:
-        raise Malformed(fields[:6]) from e
+        raise Malformed(fields[:7]) from e
     return Heartbeat(term, role if role in ROLES else SYNCING, leader, token,
-                     len(fields) > 5 and fields[5] == SUSPECT)
+                     len(fields) > 6 and fields[6] == SUSPECT, position)
 
 
 # -- the stream -------------------------------------------------------------------
@@ -334,13 +338,17 @@ def parseTerm(fields: Sequence[bytes]) -> int:
 # -- a heal's offer (see merge.py) -------------------------------------------------
 
 
-def offerLines(origin: Tuple[int, int], released: Iterable[Tuple[bytes, int]],
+def offerLines(origin: Tuple[int, int, int], released: Iterable[Tuple[bytes, int]],
                grants: Iterable[Tuple[bytes, int, int, int, int, Optional[bytes], bool]]
                ) -> bytes:
     """
-    The offer, as written on the link (empty when there is nothing to offer).
+    The offer, as written on the link: its C{OFFER} line even when it has
+    no grant and no note (how far its copy of the stream went still tells
+    the winner what ended in the part it missed: see
+    L{lockservice.cluster.terms.Eras.further}).
 
-    @param origin: the (leader, term) whose stream the lines mirror.
+    @param origin: the (leader, term, position) whose stream the lines
+        mirror, up to that position.
     @param released: (key, token) of each release note.
     @param grants: (key, token, remaining_us, age_us, share, name, delayed)
         of each held grant or place kept by the lock-delay.
@@ -348,16 +356,14 @@ def offerLines(origin: Tuple[int, int], released: Iterable[Tuple[bytes, int]],
     lines = [b"RELEASED %s %d" % note for note in released]
     lines.extend(grantLine(key, token, remaining, age, share, name, delayed, MERGE)[:-1]
                  for key, token, remaining, age, share, name, delayed in grants)
-    if not lines:
-        return b""
-    return b"OFFER %d %d\n" % origin + b"\n".join(lines) + b"\n"
+    return b"".join([b"OFFER %d %d %d\n" % origin] + [line + b"\n" for line in lines])
 
 
-def parseOffer(fields: Sequence[bytes]) -> Tuple[int, int]:
+def parseOffer(fields: Sequence[bytes]) -> Tuple[int, int, int]:
     """
-    The (leader, term) of an C{OFFER} line.
+    The (leader, term, position) of an C{OFFER} line.
     """
-    return _ints(fields, 2)  # type: ignore[return-value]
+    return _ints(fields, 3)  # type: ignore[return-value]
 
 
 class Offered(NamedTuple):

@@ -167,6 +167,7 @@ class Receiver:
                 self.handoffs.refused(j, peerwire.parseTerm(fields))
             elif kind == peerwire.SYNC:
                 if inbound:
+                    self.healing.offerEnded(j, channel)
                     self.stream.startSnapshot(channel)
             elif kind == peerwire.OFFER:
                 self.healing.offered(j, channel, fields)
@@ -179,7 +180,8 @@ class Receiver:
             elif kind == peerwire.SNAPEND:
                 self.following.snapshotEnded(j, channel)
             elif kind == peerwire.POSITION:
-                pass  # acknowledged on receipt (see peerLines)
+                # (Acknowledged on receipt: see peerLines.)
+                self.following.reached(j, channel, fields)
             elif kind == peerwire.ACK:
                 if inbound:
                     self.stream.acknowledge(channel, peerwire.parsePosition(fields))

@@ -136,7 +136,14 @@ class Stream:
     log = Logger()
 
     def __init__(self, owner: IStreamOwner, locks: LockService, links: Links,
-                 releases: Releases, peerTimeout: float, mode: str = ACK) -> None:
+                 releases: Releases, peerTimeout: float, mode: str = ACK,
+                 firstPosition: int = 0) -> None:
+        """
+        @param firstPosition: where this process's stream positions start:
+            the wall clock in microseconds when it starts, so a restarted
+            node's positions lie above those of its earlier run (a copy at
+            a higher position of one node's stream is a later one).
+        """
         self.owner = owner
         self.locks = locks
         self.clock = locks.clock
@@ -148,8 +155,8 @@ class Stream:
         # The gate's hooks (lockservice.server.turn.Gate): never empty, so a
         # cluster node's answers always wait for this stream.
         self.hooks: List[Callable[[], Optional[bool]]] = [self.flush]
-        self.position = 0
-        self._reached = 0
+        self.position = firstPosition
+        self._reached = firstPosition
         self.pending: List[bytes] = []
         # Read at every change (bound once: never replaced).
         self._inbound = links.inbound
@@ -262,8 +269,9 @@ class Stream:
         followers = self._followers()
         if self.pending:
             self.position += 1
-            if self.acknowledged:
-                self.pending.append(peerwire.positionLine(self.position))
+            # Acknowledged with --replication ack; either way the followers
+            # know how far their copy goes, and say so in their heartbeats.
+            self.pending.append(peerwire.positionLine(self.position))
             data = b"".join(self.pending)
             self.pending = []
             for channel in followers:

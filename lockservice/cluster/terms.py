@@ -10,10 +10,16 @@ whoever sends it: one forged or broken peer cannot push the cluster to
 the end of the token space (see L{lockservice.cluster.clocktrust} for
 what a node does when it sees one).
 
-An era is a (leader, term) pair: the stream of that leader in that term.
-A node offers its keys at a heal with the era they mirror, and a leader
-that took an era over whole by handoff ignores an offer of it (see
-L{Eras}).
+An era is a (leader, term, position) triple: the stream of that leader,
+up to that position (a node's stream positions rise for as long as it
+runs, and start above its earlier runs': see
+L{lockservice.cluster.replication.Stream}; the term is the one the
+leader had, for the logs).  A node offers its keys at a heal with the
+era they mirror.  A leader that took that stream over up to that
+position or further (by handoff, or promoted as the standby whose copy
+went furthest) ignores the offer; one that took it over less far (its
+own copy was cut short) learns from the offer what ended in the part it
+missed (see L{Eras}).
 
 Pure: the caller passes the time.
 """
@@ -27,7 +33,11 @@ from lockservice.cluster.clocktrust import PLAUSIBLE_AHEAD
 # A refused value is logged at most this often per peer (seconds).
 REFUSALS_LOGGED_EVERY = 10.0
 
-Era = Tuple[int, int]
+Era = Tuple[int, int, int]
+
+# The position of a node's own keys (it offers them when it steps down,
+# or restarts with them): nobody else's copy goes further.
+WHOLE = 2**63
 
 
 def plausible(value: int, nowMicros: int) -> bool:
@@ -86,13 +96,16 @@ class Eras:
 
     @ivar offerFrom: the era to offer our keys with at the next sync, or
         None: no offer.
-    @ivar inheritedFrom: the era this node took over whole by handoff, or
-        None (after a promotion: it may have missed the end of that stream).
+    @ivar inheritedFrom: the era this node took over (by handoff, or
+        by promotion), up to the position its copy had; or None.
+    @ivar inheritedTokens: the highest token of that era's grants: what
+        this node held then with a token no higher came from that stream.
     """
 
     def __init__(self) -> None:
         self.offerFrom: Optional[Era] = None
         self.inheritedFrom: Optional[Era] = None
+        self.inheritedTokens = 0
 
     def restored(self, me: int, term: int) -> None:
         """
@@ -100,22 +113,24 @@ class Eras:
         term C{term}: if another node becomes active, they are offered to
         it at the first sync (and merged by the heal rules).
         """
-        self.offerFrom = (me, term)
+        self.offerFrom = (me, term, WHOLE)
 
     def steppingDown(self, me: int, term: int) -> None:
         """
         An active steps down: its own keys of its term are offered.
         """
-        self.offerFrom = (me, term)
+        self.offerFrom = (me, term, WHOLE)
 
-    def leaving(self, me: int, leader: Optional[int], term: int) -> None:
+    def leaving(self, me: int, leader: Optional[int], term: int, position: int) -> None:
         """
         A node leaves its leader (or, with C{leader} None, its own active
         role) to merge into another: unless an offer is due already, its
-        keys mirror that leader's stream of C{term} (or are its own).
+        keys mirror that leader's stream of C{term} up to C{position} (or
+        are its own).
         """
         if self.offerFrom is None:
-            self.offerFrom = (me if leader is None else leader, term)
+            self.offerFrom = ((me, term, WHOLE) if leader is None
+                              else (leader, term, position))
 
     def takeOffer(self) -> Optional[Era]:
         """
@@ -124,19 +139,38 @@ class Eras:
         era, self.offerFrom = self.offerFrom, None
         return era
 
-    def tookOver(self, leader: int, term: int) -> None:
+    def tookOver(self, era: Era, tokens: int) -> None:
         """
-        Everything of C{leader}'s C{term} reached us before its handoff.
+        We took over C{era} by handoff: everything of that stream reached
+        us before its HANDOFF; C{tokens} is the highest token we held.
         """
-        self.inheritedFrom = (leader, term)
+        self.inheritedFrom = era
+        self.inheritedTokens = tokens
 
-    def promoted(self) -> None:
-        self.inheritedFrom = None
+    def promoted(self, followed: Optional[Era], tokens: int) -> None:
+        """
+        This standby promoted with its copy of C{followed} (its leader's
+        stream up to a position), or from no leader's stream (None);
+        C{tokens} is the highest token it held.
+        """
+        self.inheritedFrom = followed
+        self.inheritedTokens = tokens
 
     def inherited(self, era: Era) -> bool:
         """
         Whether an offer of C{era} brings nothing we lack: we took that
-        stream over whole, so a key in it that we do not hold was released
-        or expired.
+        stream over up to its position or further, so a key in it that we
+        do not hold was released or expired.
         """
-        return era == self.inheritedFrom
+        had = self.inheritedFrom
+        return had is not None and era[0] == had[0] and era[2] <= had[2]
+
+    def further(self, era: Era) -> bool:
+        """
+        Whether an offer of C{era} comes from further in the stream we
+        took over than our copy went: then a grant of that stream we hold
+        and it does not offer ended in the part we missed (a release
+        answered by its leader, acknowledged by the offering standby).
+        """
+        had = self.inheritedFrom
+        return had is not None and era[0] == had[0] and era[2] > had[2]

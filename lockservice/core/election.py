@@ -36,6 +36,8 @@ class PeerView:
     # The peer distrusts its own clock (see lockservice.cluster.clocktrust):
     # it never serves, and holds no state to wait for or hand over to.
     clockSuspect: bool = False
+    # How far its copy of its leader's stream goes (see behind()).
+    position: int = 0
 
 
 @dataclass
@@ -45,6 +47,25 @@ class SelfView:
     leader: Optional[int]
     startupGraceOver: bool
     mayPromote: bool = True
+    position: int = 0
+
+
+def behind(mine: SelfView, theirs: PeerView) -> Optional[bool]:
+    """
+    Whether a standby's copy of the stream both follow is shorter than
+    ours (True) or longer (False); None when they follow different
+    leaders: then priority alone decides.  (A node's stream positions rise
+    for as long as it runs, and start above its earlier runs'.)  A copy
+    is shorter when its link was cut (silent one way, redialled) while
+    the active went on answering with the others' acknowledgements: a
+    copy that missed answered releases must not take over from one that
+    has them.
+    """
+    if mine.leader is None or theirs.leader != mine.leader:
+        return None
+    if theirs.position == mine.position:
+        return None
+    return theirs.position < mine.position
 
 
 @dataclass(frozen=True)
@@ -135,7 +156,12 @@ def _decide(me: int, state: SelfView, peers: Dict[int, PeerView]) -> Optional[Ac
     stateful = [j for j, v in peers.items()
                 if v.alive and v.role == STANDBY and not v.clockSuspect]
     if state.role == STANDBY:
-        if not any(j < me for j in stateful):
+        # The standby whose copy of the common stream goes furthest takes
+        # over; among equals, priority.  A shorter one follows it, syncs,
+        # and is handed the active role back (its priority) once it has it.
+        if any(behind(state, peers[j]) is False for j in stateful):
+            return None
+        if not any(j < me and behind(state, peers[j]) is not True for j in stateful):
             return Action("promote")
         return None
     # Syncing: we hold no state. Take over only when nobody alive has any,

@@ -252,6 +252,13 @@ class Lab:
             self._iptables(i, "-A", "OUTPUT", "-d", self.hub, "-j", "ACCEPT")
             self._iptables(i, "-A", "OUTPUT", *proto, "-d", others, "-j", *jump)
 
+    def dropOneWay(self, i: int, j: int) -> None:
+        """
+        Drop what node C{i} sends to node C{j} (one way: C{j} still reaches
+        C{i}, and the clients reach both).
+        """
+        self._iptables(i, "-A", "OUTPUT", "-d", self.address(j), "-j", "DROP")
+
     def cutClients(self, i: int) -> None:
         """
         Cut node C{i} off from the clients (the root namespace) only.

@@ -336,12 +336,30 @@ class Holder:
         self.conn.close()
 
 
+# Where a lone node started with big_tokens=True begins its tokens: above
+# 2^53 (and odd), so a client that keeps tokens in a float64 (a JavaScript
+# number) gets every other token wrong.  The node's own tokens are µs
+# timestamps, about 1.8e15: below 2^53 (9.007e15) until the 2250s.
+BIG_TOKEN_MARK = 2**53 + 1_000_001
+
+
+def _big_token_state(directory: Path) -> None:
+    from lockservice import state
+
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = state.State(cluster=state.clusterIdentity(b"", []), node="", mark=BIG_TOKEN_MARK)
+    (directory / "state").write_bytes(state.encode(saved))
+
+
 def start_node(log_dir: str, extra: Sequence[str] = (), port: Optional[int] = None,
-               http: bool = True, tls: Any = None) -> NodeBox:
+               http: bool = True, tls: Any = None, big_tokens: bool = False) -> NodeBox:
     secret = Path(log_dir) / "admin-secret"
     secret.write_text(ADMIN_SECRET + "\n")
     http_port = freePort() if http else 0
     args = list(extra) + ["--admin-secret", str(secret)]
+    if big_tokens:
+        _big_token_state(Path(log_dir) / "state")
+        args += ["--state-dir", str(Path(log_dir) / "state")]
     if http:
         args += ["--http", f"tcp:{http_port}:interface=127.0.0.1"]
     node = Node(port or freePort(), args=args, logDir=log_dir, tls=tls)
@@ -404,10 +422,11 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
 def lone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeBox]:
     """
     One lone node per module (tests use their own keys): HTTP admin on,
-    --max-waiters 3 (the limit tests), --max-observers 2.
+    --max-waiters 3 (the limit tests), --max-observers 2, and tokens above
+    2^53 (BIG_TOKEN_MARK).
     """
     box = start_node(str(tmp_path_factory.mktemp("lone")),
-                     ["--max-waiters", "3", "--max-observers", "2"])
+                     ["--max-waiters", "3", "--max-observers", "2"], big_tokens=True)
     yield box
     box.node.stop()
 
@@ -416,10 +435,10 @@ def lone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeBox]:
 def node_factory(tmp_path: Path) -> Iterator[Callable[..., NodeBox]]:
     made: List[NodeBox] = []
 
-    def make(extra: Sequence[str] = (), tls: Any = None) -> NodeBox:
+    def make(extra: Sequence[str] = (), tls: Any = None, big_tokens: bool = True) -> NodeBox:
         where = tmp_path / f"n{len(made)}"
         where.mkdir(parents=True, exist_ok=True)
-        box = start_node(str(where), extra, tls=tls)
+        box = start_node(str(where), extra, tls=tls, big_tokens=big_tokens)
         made.append(box)
         return box
 

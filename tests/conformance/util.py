@@ -55,13 +55,16 @@ def seconds_field(text: str) -> Decimal:
     return Decimal(text)
 
 
-def same_seconds(wire: str, wanted: float) -> None:
+def same_seconds(wire: str, wanted: float, spent: float = 0.0) -> None:
     """
     C{wire} carries C{wanted} to the microsecond; a positive value is at
-    least 0.000001.
+    least 0.000001.  C{spent}: a wait may be written as what is left of
+    it, up to that many seconds less.
     """
     value = seconds_field(wire)
     want = Decimal(repr(wanted))
+    if spent and wanted > 0 and Decimal(repr(wanted - spent)) <= value <= want:
+        return
     if wanted > 0:
         assert value >= Decimal("0.000001"), f"{wanted!r} written as {wire!r} (must be >= 0.000001)"
     if want >= Decimal("0.000001") or wanted == 0:
