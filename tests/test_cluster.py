@@ -185,14 +185,14 @@ def test_secret_required_from_peers(tmp_path, cluster) -> None:  # type: ignore[
     assert probeRole(second.port) == "M " + first.address
     # An impostor that knows the peer list but not the secret is refused.
     with LineClient(first.port) as impostor:
-        answer = impostor.ask(b"HELLO 2 " + second.address.encode() + b" "
+        answer = impostor.ask(b"HELLO 3 " + second.address.encode() + b" "
                               + first.address.encode() + b" " + b"ab" * 16)
         assert answer.startswith(b"CHALLENGE ")
         assert impostor.ask(b"AUTH " + b"0" * 64) == b"E * * peer authentication failed"
         assert impostor.sock.recv(10) == b""
     # A stranger not in --peers is refused at once.
     with LineClient(first.port) as stranger:
-        answer = stranger.ask(b"HELLO 2 10.9.9.9:1 " + first.address.encode() + b" " + b"ab" * 16)
+        answer = stranger.ask(b"HELLO 3 10.9.9.9:1 " + first.address.encode() + b" " + b"ab" * 16)
         assert answer == b"E * * not a peer of this cluster"
 
 

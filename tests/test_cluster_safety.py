@@ -69,7 +69,7 @@ def joinAsPeer(target, me: str, secret: bytes) -> LineClient:  # type: ignore[no
     nonce = os.urandom(16).hex().encode()
     conn = LineClient(target.port)
     mine, theirs = me.encode(), target.address.encode()
-    answer = conn.ask(b"HELLO 2 %s %s %s" % (mine, theirs, nonce))
+    answer = conn.ask(b"HELLO 3 %s %s %s" % (mine, theirs, nonce))
     _, theirNonce, mac = answer.split()
     assert mac == proof(secret, b"challenge", mine, theirs, nonce, theirNonce)
     welcome = conn.ask(b"AUTH " + proof(secret, b"auth", mine, theirs, nonce, theirNonce))

@@ -1237,3 +1237,26 @@ def test_a_grant_merged_on_a_heal_is_seen_by_the_metrics_and_the_operators_view(
     assert not monitor.isLongHold(b"theirs", 77)
     lab.clock.advance(1.5)
     assert monitor.isLongHold(b"theirs", 77)
+
+
+def test_refused_handshakes_are_counted_and_logged_once_per_source_and_reason() -> None:
+    """
+    A node of another cluster (or a stranger) retries its handshake dozens
+    of times a second: each refusal is counted (/status shows the count),
+    and logged once per source and reason, not once per attempt.
+    """
+    from twisted.logger import globalLogPublisher
+
+    lab = Lab()
+    logged: List[dict] = []  # type: ignore[type-arg]
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        for _ in range(50):
+            lab.cluster.receiver.handshakeRefused("10.9.9.9", "not a peer of this cluster")
+        lab.cluster.receiver.handshakeRefused("10.9.9.9", "bad peer hello")
+        lab.cluster.receiver.handshakeRefused("10.9.9.8", "bad peer hello")
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    assert lab.cluster.links.refusedHandshakes == 52
+    refusals = [e for e in logged if "refused a peer handshake" in e.get("log_format", "")]
+    assert len(refusals) == 3

@@ -38,6 +38,7 @@ class Owner:
         self.messages: List[List[bytes]] = []
         self.sources: List[str] = []
         self.lost: List[bool] = []
+        self.refused: List[Tuple[str, str]] = []
 
     def indexOf(self, entry: bytes) -> Optional[int]:
         return PEERS.index(entry) if entry in PEERS else None
@@ -55,6 +56,9 @@ class Owner:
                         source: str = "") -> None:
         self.failed.append((remote, outbound, why))
         self.sources.append(source)
+
+    def handshakeRefused(self, source: str, why: str) -> None:
+        self.refused.append((source, why))
 
 
 def take(transport: StringTransport) -> List[bytes]:

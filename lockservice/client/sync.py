@@ -258,6 +258,26 @@ class Client:
         """
         return bool(self._call(self._inner.release, lock._inner, cancellable=False))
 
+    def releaseAll(self, locks: "list[Lock]", timeout: float = 5.0) -> int:
+        """
+        Release C{locks} all at once (each retried as by L{release}), and
+        wait for them at most C{timeout} seconds.
+
+        @return: how many were released C{OK} within that time.
+        """
+        from twisted.internet.defer import gatherResults
+
+        def inReactor() -> Any:
+            done = [self._inner.release(lock._inner).addErrback(lambda f: False)
+                    for lock in locks]
+            return gatherResults(done)
+
+        try:
+            answers = self._call(inReactor, timeout=timeout, cancellable=False)
+        except Exception:
+            return 0
+        return sum(1 for ok in answers if ok)
+
     def whenConnected(self, timeout: float = 10.0, failFast: bool = False) -> None:
         """
         Wait until every cluster has a connection up.

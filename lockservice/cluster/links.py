@@ -104,6 +104,10 @@ class Links:
         self.mismatch: Dict[int, float] = {}
         self.mismatchSeen: Set[int] = set()
         self.claimsSeen: Set[Tuple[int, str]] = set()
+        # Refused handshakes (a stranger, or a peer of another cluster):
+        # how many, and the (source, reason) pairs logged already.
+        self.refusedHandshakes = 0
+        self.refusalsSeen: Set[Tuple[str, str]] = set()
         self.claimedMismatch: Dict[int, float] = {}
         self._services: List[ClientService] = []
 
@@ -198,6 +202,19 @@ class Links:
                 "node's cluster until the secrets match",
                 peer=self.names[j].decode(), why=why,
             )
+
+    def handshakeRefused(self, source: str, why: str) -> None:
+        """
+        We refused a peer handshake from C{source} (a host) for C{why}:
+        counted (C{/status} shows it), logged once per source and reason.
+        """
+        self.refusedHandshakes += 1
+        if (source, why) not in self.refusalsSeen:
+            if len(self.refusalsSeen) >= 1000:
+                self.refusalsSeen.clear()
+            self.refusalsSeen.add((source, why))
+            self.log.warn("refused a peer handshake from {source}: {why} (logged once per "
+                          "source and reason; /status counts them)", source=source, why=why)
 
     def channelUp(self, channel: PeerChannel) -> None:
         j = channel.remote

@@ -10,7 +10,7 @@ who connects (C), whom it means to reach (A), and both sides' fresh
 nonces; a label names the step, and so its direction:
 
     connector C                                    acceptor A
-    HELLO 2 <C> <A> <nonceC>                  ->
+    HELLO 3 <C> <A> <nonceC>                  ->
                                               <-   CHALLENGE <nonceA> <mac("challenge")>
     AUTH <mac("auth")>                        ->
                                               <-   WELCOME <mac("welcome")>
@@ -91,6 +91,8 @@ class ChannelOwner(TypingProtocol):
 
     def handshakeFailed(self, remote: int, outbound: bool, why: str,
                         source: str = "") -> None: ...
+
+    def handshakeRefused(self, source: str, why: str) -> None: ...
 
 
 def proof(secret: bytes, step: bytes, connector: bytes, acceptor: bytes,
@@ -247,10 +249,11 @@ class PeerChannel:
             source = f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
             self.cluster.handshakeFailed(self.remote, self.outbound, MISMATCH, source)
         else:
-            self.cluster.log.debug(
-                "refused peer connection {peer}: {why}",
-                peer=self.transport.getPeer(), why=why.decode(),  # type: ignore[attr-defined]
-            )
+            # Counted, and logged once per source and reason by the owner:
+            # a misconfigured node retries dozens of times a second.
+            peer = self.transport.getPeer()  # type: ignore[attr-defined]
+            self.cluster.handshakeRefused(f"{getattr(peer, 'host', peer)}",
+                                          why.decode("ascii", "replace"))
         self.closing = True
         self.transport.write(peerwire.refusal(why) + b"\n")
         self.transport.loseConnection()  # type: ignore[attr-defined]

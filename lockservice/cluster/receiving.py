@@ -81,6 +81,9 @@ class Receiver:
         self.links.handshakeFailed(remote, outbound, why, source)
         self.heartbeats.views[remote].secretMismatch = self.links.secretMismatch(remote)
 
+    def handshakeRefused(self, source: str, why: str) -> None:
+        self.links.handshakeRefused(source, why)
+
     def channelUp(self, channel: PeerChannel) -> None:
         self.links.channelUp(channel)
 

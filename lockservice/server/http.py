@@ -114,6 +114,11 @@ def status(locks: LockService, cluster: Optional[ClusterView],
         "uptime_seconds": round(locks.uptime(), 3),
         "version": lockservice.__version__,
     }
+    if cluster is not None:
+        # Peer handshakes this node refused (a stranger, another cluster's
+        # node): counted here, logged once per source and reason.
+        data["refused_handshakes"] = getattr(getattr(cluster, "links", None),
+                                             "refusedHandshakes", 0)
     if monitor is not None:
         data["warn_hold_seconds"] = monitor.warnHold
         data["long_holds"] = monitor.currentLongHolds()

@@ -35,6 +35,16 @@ def _addrs(boxes: List[NodeBox]) -> str:
     return ",".join(b.address for b in reversed(boxes))
 
 
+def _all_on_the_active(*drivers) -> None:
+    """
+    Enough requests that every connection of each driver has met a
+    standby's M and followed it to the active (so the kill drops them all).
+    """
+    for d in drivers:
+        for _ in range(6):
+            ok(d.call("leader", election="warm-up"))
+
+
 def _kept_or_lost(d, node: NodeBox, key: str, token: str) -> str:
     lost = [o for o in d.events() if o.get("key") == key]
     if lost:
@@ -57,6 +67,7 @@ def test_failover_after_kill_of_the_active(kind, cluster, start_driver, key):
     te = token_of(d.call("campaign", election=e, value="cand-1", lease=3))
     r = watcher.call("leader", election=e)
     assert r.get("value") == "cand-1" and r.get("token") == te, r
+    _all_on_the_active(d, watcher)
     observing = watcher.cmd("observe", key=k1, token=t1, wait=0)
     wait_until(lambda: all(str(t) in map(str, n1.tokens(k)) for k, t in
                            ((k1, t1), (k2, t2), (e, te))), 5, "replicated to node1")
@@ -99,6 +110,7 @@ def test_campaign_across_a_failover(kind, cluster, start_driver, key):
     b = start_driver(_addrs(cluster), name="b")
     e = key("e")
     ta = token_of(a.call("campaign", election=e, value="alpha", lease=2, timeout=15))
+    _all_on_the_active(a, b)
     pending = b.cmd("campaign", election=e, value="beta", lease=2)
     wait_until(lambda: n0.waiters(e) == 1, 10, "b waits for the election")
     wait_until(lambda: n1.tokens(e) == [int(ta)], 5, "replicated")
@@ -124,6 +136,7 @@ def test_graceful_handoff_under_a_waiting_acquire(kind, cluster, start_driver, k
     other = start_driver(_addrs(cluster))
     k = key()
     t = token_of(d.call("acquire", key=k, lease=30, wait=10, timeout=15))
+    _all_on_the_active(d, other)
     waiting = other.cmd("acquire", key=k, lease=30, wait=20)
     wait_until(lambda: n0.waiters(k) == 1, 10, "the acquire waits on the active")
     n0.node.signal(signal.SIGTERM)
