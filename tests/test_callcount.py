@@ -245,13 +245,13 @@ def callsPerMirroredLine(reads: int = 200) -> float:
     channel.authenticated = True
     channel.paced = False
     cluster.receiver.channelUp(channel)
-    channel.dataReceived(b"HB %d active - 5\nSNAP %d 1\nSNAPEND\n" % (now, now))
+    channel.dataReceived(b"HB %d active - 5 0\nSNAP %d 1\nSNAPEND\n" % (now, now))
     assert cluster.role == "standby"
 
     def read(i: int) -> None:
         channel.dataReceived(b"".join(
-            b"G k%d %d 30000000 0\nD k%d %d\n" % (n, i * 100 + n + 10, n, i * 100 + n + 10)
-            for n in range(LINES_PER_READ // 2)))
+            b"G k%d %d 30000000 0 1 -\nD k%d %d\n" % (n, i * 100 + n + 10, n, i * 100 + n + 10)
+            for n in range(LINES_PER_READ // 2)) + b"S %d\n" % i)
 
     return _counted(read, reads) / LINES_PER_READ
 
