@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NoReturn, Optional
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
@@ -16,6 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IProtocolFactory
 from twisted.python import usage
+from twisted.python.components import Componentized
 
 from lockservice.core.wire import checkSeconds
 from lockservice.internals import dispatchWithoutLogContext, raiseBindErrorsAtStart
@@ -28,7 +29,9 @@ from lockservice.tls import NodeTLS
 
 if TYPE_CHECKING:
     from lockservice.cluster.node import Cluster
+    from lockservice.logs import LogTarget
     from lockservice.state import NodeState
+    from lockservice.systemd import SystemdService
 
 DEFAULT_PORT = 7700
 MIN_SECRET_BYTES = 16  # --secret, after surrounding whitespace is stripped
@@ -135,7 +138,16 @@ class Options(usage.Options):
         ["state-dir", None, None,
          "Directory where the node keeps its token high-water mark and, after a "
          "graceful stop with nobody to hand them to, its held locks (off by default)."],
+        ["log-format", None, "text",
+         "'text' (twistd's lines, the default) or 'json' (one JSON object per line, "
+         "for log shippers)."],
+        ["config", None, None,
+         "TOML file of settings: each option above by its name without the dashes "
+         "(max-keys = 1000); the command line wins over the file."],
     ]
+
+    # What the error lines start with (`lockservice config check` says its own).
+    prog = "twistd lockservice"
 
     def opt_version(self) -> None:
         """
@@ -151,11 +163,52 @@ class Options(usage.Options):
     def parseOptions(self, options: Optional[List[str]] = None) -> None:
         # Report a bad option ourselves and exit non-zero: twistd before
         # 24.x printed the message but exited 0.
+        from lockservice import config
+
+        if options is None:
+            options = sys.argv[1:]
+        path = config.configPath(options)
+        onCommandLine = config.givenOnCommandLine(options)
+        self.configFile = path
+        self.fromFile: Dict[str, str] = {}
         try:
+            if path is not None:
+                # The file's settings go first: an option repeated on the
+                # command line comes later and wins.
+                fileArgs, self.fromFile = config.arguments(path, type(self))
+                self._checkFileValues(path)
+                options = fileArgs + list(options)
             super().parseOptions(options)
+        except config.ConfigError as e:
+            self.fail(e.line())
         except usage.UsageError as e:
-            sys.stderr.write(f"twistd lockservice: {e} (see --help)\n")
-            raise SystemExit(2) from None
+            key = config.blame(str(e), self.fromFile, onCommandLine)
+            if path is not None and key is not None:
+                self.fail(config.ConfigError(path, key, str(e)).line())
+            self.fail(f"{e} (see --help)")
+
+    def fail(self, line: str) -> NoReturn:
+        """
+        End the process: one line on stderr, exit status 2.
+        """
+        sys.stderr.write(f"{self.prog}: {line}\n")
+        raise SystemExit(2)
+
+    def _checkFileValues(self, path: str) -> None:
+        """
+        Each value of the file on its own, through its option's own parser,
+        so that a bad one is blamed on the file even when the command line
+        gives that option too.
+        """
+        from lockservice import config
+
+        coercers = {str(p[0]): p[4] for p in self.optParameters if len(p) > 4 and p[4]}
+        for key, text in self.fromFile.items():
+            if key in coercers:
+                try:
+                    coercers[key](text)
+                except (usage.UsageError, ValueError) as e:
+                    raise config.ConfigError(path, key, str(e)) from None
 
     def postOptions(self) -> None:
         self["peerList"] = []
@@ -176,6 +229,9 @@ class Options(usage.Options):
             raise usage.UsageError("--peer-timeout must be longer than --heartbeat")
         if self["replication"] not in ("ack", "sent"):
             raise usage.UsageError("--replication must be 'ack' or 'sent'")
+        if self["log-format"] not in ("text", "json"):
+            raise usage.UsageError(
+                f"--log-format must be 'text' or 'json', not {self['log-format']!r}")
         if self["peers"] and self["secret"] is None:
             raise usage.UsageError(
                 "--peers needs --secret FILE: peers must prove a shared secret"
@@ -184,28 +240,28 @@ class Options(usage.Options):
         if self["http"]:
             _checkEndpoint("http", self["http"])
         self._resolveTLS()
+        # Lines to log once logging has begun (see makeService).
+        self["warnings"] = []
+        self["secretBytes"] = b""
         if self["secret"] is not None:
-            try:
-                with open(self["secret"], "rb") as f:
-                    self["secretBytes"] = f.read().strip()
-            except OSError as e:
-                raise usage.UsageError(
-                    f"cannot read --secret {self['secret']}: {e.strerror}"
-                ) from None
-            if not self["secretBytes"]:
-                raise usage.UsageError(f"--secret {self['secret']} is empty")
-            if len(self["secretBytes"]) < MIN_SECRET_BYTES:
-                # A short secret can be guessed offline from one recorded
-                # handshake (docs/cluster.md, "Peer authentication").
-                raise usage.UsageError(
-                    f"--secret {self['secret']} holds {len(self['secretBytes'])} bytes: a "
-                    f"peer secret must be at least {MIN_SECRET_BYTES} bytes, long and random "
-                    f"(openssl rand -hex 32 > FILE)")
-        else:
-            self["secretBytes"] = b""
+            self["secretBytes"] = self._secret("--secret", self["secret"])
         self["adminSecretBytes"] = None
         if self["admin-secret"] is not None:
-            self["adminSecretBytes"] = _readSecret("--admin-secret", self["admin-secret"])
+            self["adminSecretBytes"] = self._secret("--admin-secret", self["admin-secret"])
+
+    def _secret(self, option: str, path: str) -> bytes:
+        """
+        Read a secret file (see L{lockservice.config.checkSecretFile}).
+        """
+        from lockservice.config import checkSecretFile
+
+        try:
+            secret, warning = checkSecretFile(option, path, MIN_SECRET_BYTES)
+        except ValueError as e:
+            raise usage.UsageError(str(e)) from None
+        if warning is not None:
+            self["warnings"].append(warning)
+        return secret
 
     def _resolveTLS(self) -> None:
         """
@@ -258,20 +314,6 @@ class Options(usage.Options):
         self["self"] = matches[0]
 
 
-def _readSecret(option: str, path: str) -> bytes:
-    """
-    The secret in file C{path}, without surrounding whitespace.
-    """
-    try:
-        with open(path, "rb") as f:
-            secret = f.read().strip()
-    except OSError as e:
-        raise usage.UsageError(f"cannot read {option} {path}: {e.strerror}") from None
-    if not secret:
-        raise usage.UsageError(f"{option} {path} is empty")
-    return secret
-
-
 def _isLocalHost(host: str) -> bool:
     """
     True when C{host} names an address of this machine (it can be bound).
@@ -308,6 +350,19 @@ class NodeService(MultiService):
     cluster: Optional["Cluster"] = None
     locks: Optional[LockService] = None
     nodeState: Optional["NodeState"] = None
+    # The log observer to offer twistd (see lockservice.logs), and what
+    # tells systemd of the node (see lockservice.systemd).
+    logTarget: Optional["LogTarget"] = None
+    systemd: Optional["SystemdService"] = None
+
+    def setServiceParent(self, parent: Any) -> None:
+        # twistd makes the application, adds this service to it, then asks
+        # the application for its log observer before choosing its own.
+        if self.logTarget is not None and isinstance(parent, Componentized):
+            from twisted.logger import ILogObserver
+
+            parent.setComponent(ILogObserver, self.logTarget.observer)
+        super().setServiceParent(parent)
 
     def privilegedStartService(self) -> None:
         # The listeners bind here (before the reactor runs).  A port that is
@@ -331,6 +386,10 @@ class NodeService(MultiService):
 
     def stopService(self) -> "Deferred[None]":
         from lockservice.core.election import ACTIVE
+
+        if self.systemd is not None:
+            # At once, before a handoff: systemd then knows the node stops.
+            self.systemd.stoppingNow()
 
         async def stop() -> None:
             cluster = self.cluster
@@ -537,6 +596,17 @@ def makeService(config: Options) -> IService:
     _fixMallocThreshold()
     _allowInterrupt()
     root = NodeService()
+    from lockservice import logs
+
+    # Under twistd (the options' parent is twistd's own): the node's log
+    # observer and its signals (SIGHUP reopens the log file).
+    root.logTarget = logs.targetFor(getattr(config, "parent", None), config["log-format"])
+    if getattr(config, "parent", None) is not None:
+        logs.handleSignals(reactor, root.logTarget)
+    from twisted.logger import Logger
+
+    for warning in config.get("warnings", []):
+        Logger().warn("{warning}", warning=warning, event="secret_file_readable")
     locks = LockService(
         reactor, wallMicros, maxLease=config["max-lease"], maxWait=config["max-wait"],  # type: ignore[arg-type]
         maxKeys=config["max-keys"], maxWaiters=config["max-waiters"],
@@ -588,6 +658,12 @@ def makeService(config: Options) -> IService:
     # A port that cannot be bound must stop twistd, not leave a deaf node.
     raiseBindErrorsAtStart(listener)
     listener.setServiceParent(root)
+    from lockservice.systemd import SystemdService
+
+    systemd = SystemdService.fromEnvironment(reactor, locks, cluster)
+    if systemd is not None:
+        systemd.setServiceParent(root)
+        root.systemd = systemd
     if config["http"]:
         from lockservice.server.http import makeHTTPService
 
