@@ -410,7 +410,12 @@ class NodeState:
         self.tokens: Optional[DurableTokens] = None
         # The highest token or term recorded before this start.
         self.restored = 0
-        self._failing = False
+        # Whether the last write of the state file failed, why (one line),
+        # and how many writes have failed since the start (/status, /ready,
+        # lockservice_state_save_failures_total).
+        self.saveFailing = False
+        self.saveError: Optional[str] = None
+        self.saveFailures = 0
 
     def start(self, locks: "LockService") -> Tuple[int, int]:
         """
@@ -482,17 +487,27 @@ class NodeState:
         except OSError as e:
             assert self.tokens is not None
             self.tokens.mark = token + RETRY_LEAD
-            if not self._failing:
-                self._failing = True
+            if not self._saveFailed(e):
                 self.log.error(
                     "cannot record the token mark in {file}: {why}; tokens may fall "
                     "after a restart with a clock behind until it works again",
-                    file=self.directory.file, why=e.strerror)
+                    file=self.directory.file, why=e.strerror, event="state_save_failed")
             return
-        if self._failing:
-            self._failing = False
+        if self.saveFailing:
+            self.saveFailing = False
             self.log.info("recording the token mark in {file} works again",
-                          file=self.directory.file)
+                          file=self.directory.file, event="state_save_recovered")
+
+    def _saveFailed(self, e: OSError) -> bool:
+        """
+        Count a failed write of the state file.
+
+        @return: whether the previous write had failed too.
+        """
+        failing, self.saveFailing = self.saveFailing, True
+        self.saveFailures += 1
+        self.saveError = f"cannot write {self.directory.file}: {e.strerror or e}"
+        return failing
 
     def stopped(self, locks: "LockService", keepLocks: bool) -> int:
         """
@@ -522,15 +537,19 @@ class NodeState:
         try:
             self.directory.write(self.state)
         except OSError as e:
+            self._saveFailed(e)
             self.log.error("could not save the {n} held locks to {file}: {why}",
-                           n=len(saved), file=self.directory.file, why=e.strerror)
+                           n=len(saved), file=self.directory.file, why=e.strerror,
+                           event="state_save_failed")
             return -1
+        self.saveFailing = False
         if self.tokens is not None:
             # A token learned from now on records a mark again.
             self.tokens.mark = self.state.mark
         if keepLocks:
             self.log.warn("saved {n} held locks to {file}: they are served again at the "
-                          "next start", n=len(saved), file=self.directory.file)
+                          "next start", n=len(saved), file=self.directory.file,
+                          event="state_saved")
         return len(saved)
 
 

@@ -202,7 +202,8 @@ class Options(usage.Options):
         """
         from lockservice import config
 
-        coercers = {str(p[0]): p[4] for p in self.optParameters if len(p) > 4 and p[4]}
+        coercers: Dict[str, Callable[[str], object]] = {
+            str(p[0]): p[4] for p in self.optParameters if len(p) > 4 and callable(p[4])}
         for key, text in self.fromFile.items():
             if key in coercers:
                 try:
@@ -668,5 +669,5 @@ def makeService(config: Options) -> IService:
         from lockservice.server.http import makeHTTPService
 
         makeHTTPService(reactor, config["http"], locks, cluster, monitor,
-                        config["adminSecretBytes"]).setServiceParent(root)
+                        config["adminSecretBytes"], state=root.nodeState).setServiceParent(root)
     return root

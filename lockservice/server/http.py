@@ -33,6 +33,7 @@ import lockservice
 from lockservice.core import wire
 from lockservice.core.table import EXCLUSIVE, READ, READ_WRITE, Holder, nameOf
 from lockservice.internals import raiseBindErrorsAtStart
+from lockservice.server import health
 from lockservice.server.clusterview import ClusterView
 from lockservice.server.metrics import CONTENT_TYPE, Metrics
 from lockservice.server.monitor import Monitor
@@ -678,8 +679,12 @@ class _NodeResource(Resource):
 
 
 class StatusResource(_NodeResource):
+    # The state directory whose write failures /status shows (makeRoot).
+    state: Optional[health.StateSaves] = None
+
     def render_GET(self, request: Request) -> bytes:
-        return _json(request, status(self.locks, self.cluster, self.monitor))
+        return _json(request, {**status(self.locks, self.cluster, self.monitor),
+                               **health.stateFields(self.state)})
 
 
 class LocksResource(_NodeResource):
@@ -907,7 +912,8 @@ class _Root(Resource):
 def makeRoot(locks: LockService, cluster: Optional[ClusterView],
              monitor: Optional[Monitor] = None,
              adminSecret: Optional[bytes] = None,
-             cooperator: Optional[Cooperator] = None) -> Resource:
+             cooperator: Optional[Cooperator] = None,
+             state: Optional[health.StateSaves] = None) -> Resource:
     """
     The resource tree; a L{Monitor} is made (and attached to C{locks})
     when none is given.
@@ -915,6 +921,7 @@ def makeRoot(locks: LockService, cluster: Optional[ClusterView],
     @param cooperator: runs the steps of every big answer (one for the
         whole tree, so the slice per reactor turn is shared by all
         requests); by default one on C{locks.clock}.
+    @param state: the node's state directory (its write failures are shown).
     """
     if monitor is None:
         monitor = Monitor(locks.clock, locks.table.clientOf)
@@ -926,7 +933,10 @@ def makeRoot(locks: LockService, cluster: Optional[ClusterView],
     root.putChild(b"", PageResource())
     root.putChild(b"dashboard.json",
                   DashboardDataResource(locks, cluster, monitor, cooperator))
-    root.putChild(b"status", StatusResource(locks, cluster, monitor, cooperator))
+    statusResource = StatusResource(locks, cluster, monitor, cooperator)
+    statusResource.state = state
+    root.putChild(b"status", statusResource)
+    health.register(root, locks, cluster, metrics.registry, state)
     root.putChild(b"locks", LocksResource(locks, cluster, monitor, adminSecret, cooperator))
     root.putChild(b"events", EventsResource(locks, cluster, monitor, cooperator))
     root.putChild(b"metrics", MetricsResource(metrics, locks.clock, cooperator))
@@ -1048,10 +1058,11 @@ class NodeSite(Site):
 
 def makeHTTPService(reactor: Any, description: str, locks: LockService,
                     cluster: Optional[ClusterView], monitor: Optional[Monitor] = None,
-                    adminSecret: Optional[bytes] = None) -> StreamServerEndpointService:
+                    adminSecret: Optional[bytes] = None,
+                    state: Optional[health.StateSaves] = None) -> StreamServerEndpointService:
     # Idle keep-alive connections are closed after a minute (twisted.web
     # keeps them for 12 hours).
-    site = NodeSite(makeRoot(locks, cluster, monitor, adminSecret), timeout=60)
+    site = NodeSite(makeRoot(locks, cluster, monitor, adminSecret, state=state), timeout=60)
     service = StreamServerEndpointService(serverFromString(reactor, description), site)
     raiseBindErrorsAtStart(service)
     return service
