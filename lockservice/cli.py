@@ -11,6 +11,9 @@ The C{lockservice} command.
     lockservice shell [HOST:PORT] [--tls-ca FILE ...]
     lockservice events [KEY] [--follow] [--http URL]
     lockservice bench ...            (see python -m lockservice.bench --help)
+    lockservice config check FILE | config show FILE
+    lockservice state inspect DIR [--json] | state backup DIR FILE
+    lockservice state restore FILE DIR [--force] [--config FILE]
 
 Connection options: C{--addr host:port,...} (C{;} between clusters),
 C{--cluster host:port,...} (repeated: one per cluster), C{--name NAME},
@@ -807,7 +810,93 @@ def parser() -> argparse.ArgumentParser:
 
     sub.add_parser("bench", help="load generator (python -m lockservice.bench --help)",
                    add_help=False)
+
+    cf = sub.add_parser("config", help="check or show a node's TOML configuration file",
+                        description="The node's --config FILE (TOML), read and checked "
+                                    "exactly as twistd lockservice --config FILE does, "
+                                    "nothing started.")
+    cfSub = cf.add_subparsers(dest="config_command", metavar="ACTION", parser_class=_Parser)
+    cfSub.required = True
+    cc = cfSub.add_parser("check", help="exit 0 and print nothing if FILE is good; else "
+                                        "one line and exit 2")
+    cc.add_argument("file", metavar="FILE")
+    cs = cfSub.add_parser("show", help="print the effective settings of FILE (the file's "
+                                       "values and every default; paths, never contents)")
+    cs.add_argument("file", metavar="FILE")
+
+    sd = sub.add_parser("state", help="inspect, back up or restore a node's --state-dir",
+                        description="Tools for the directory of --state-dir DIR.")
+    sdSub = sd.add_subparsers(dest="state_command", metavar="ACTION", parser_class=_Parser)
+    sdSub.required = True
+    si = sdSub.add_parser("inspect", help="what DIR holds: format, node, token mark, the "
+                                          "saved locks and their remaining leases as of now")
+    si.add_argument("directory", metavar="DIR")
+    si.add_argument("--json", action="store_true", help="print JSON")
+    sb = sdSub.add_parser("backup", help="copy DIR's state file to FILE, checked (safe while "
+                                         "the node runs)")
+    sb.add_argument("directory", metavar="DIR")
+    sb.add_argument("file", metavar="FILE")
+    sr = sdSub.add_parser("restore", help="put backup FILE in DIR for the next start (DIR's "
+                                          "node must be stopped)")
+    sr.add_argument("file", metavar="FILE")
+    sr.add_argument("directory", metavar="DIR")
+    sr.add_argument("--force", action="store_true", help="replace a state file already in DIR")
+    sr.add_argument("--config", metavar="TOML",
+                    help="the node's configuration file: refuse a backup of another "
+                         "node or cluster")
     return p
+
+
+def configCommand(args: argparse.Namespace) -> int:
+    """
+    C{lockservice config check FILE} and C{config show FILE}.
+    """
+    from lockservice import config
+
+    try:
+        if args.config_command == "check":
+            config.parseFile(args.file, "lockservice config check")
+            return EX_OK
+        print(config.show(args.file))
+    except SystemExit as e:  # the one line is written
+        return int(e.code or 0)
+    return EX_OK
+
+
+def stateCommand(args: argparse.Namespace) -> int:
+    """
+    C{lockservice state inspect | backup | restore}.
+    """
+    from lockservice import statetools
+
+    try:
+        if args.state_command == "inspect":
+            info = statetools.inspect(args.directory)
+            print(json.dumps(info, indent=2) if args.json
+                  else statetools.formatInspection(info))
+            return EX_OK if info.get("error") is None else statetools.EX_FAILED
+        if args.state_command == "backup":
+            done = statetools.backup(args.directory, args.file)
+            print(f"backed up {args.directory} to {done['file']} (token mark "
+                  f"{done['token_mark']}, {done['saved_locks']} saved locks)")
+            return EX_OK
+        identity = None
+        if args.config:
+            from lockservice import config
+            from lockservice.state import clusterIdentity
+
+            options = config.parseFile(args.config, "lockservice state restore")
+            identity = (clusterIdentity(options["secretBytes"], options["peerList"]),
+                        options["self"] or "")
+        done = statetools.restore(args.file, args.directory, force=args.force,
+                                  identity=identity)
+        print(f"restored {args.file} to {done['file']} (token mark {done['token_mark']}, "
+              f"{done['saved_locks']} saved locks): start the node")
+        return EX_OK
+    except statetools.ToolError as e:
+        return _fail(str(e), e.status)
+    except SystemExit as e:
+        return int(e.code or 0)
 
 
 def _restoreSIGINT() -> None:
@@ -862,6 +951,10 @@ def _dispatch(args: argparse.Namespace, command: List[str]) -> int:
         return EX_OK
     if name == "events":
         return eventsCommand(args)
+    if name == "config":
+        return configCommand(args)
+    if name == "state":
+        return stateCommand(args)
     if name == "release":
         if args.force:
             if args.token is not None:

@@ -316,3 +316,61 @@ def checkSecretFile(option: str, path: str, minimum: int) -> Tuple[bytes, Option
 def _who(mode: int, group: int, others: int) -> str:
     return " and ".join(w for w, bit in (("its group", group), ("others", others))
                         if mode & bit)
+
+
+# -- lockservice config check | show ---------------------------------------------
+
+
+def parseFile(path: str, prog: str) -> Any:
+    """
+    The node's options as C{twistd lockservice --config path} would have
+    them, nothing started; a bad file ends the process (one line, exit 2).
+    """
+    from lockservice.tap import Options
+
+    options = Options()
+    options.prog = prog
+    options.parseOptions(["--config", path])
+    return options
+
+
+def tomlValue(value: Any) -> str:
+    """
+    C{value} written as TOML.
+    """
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(tomlValue(v) for v in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def show(path: str) -> str:
+    """
+    The effective settings of the file C{path}: every key, the file's
+    value or the default, as TOML (file paths only: a secret's content is
+    never shown).
+    """
+    options = parseFile(path, "lockservice config show")
+    lines = [f"# effective settings of {path}: its own values, and the defaults "
+             f"(marked) of the others"]
+    for warning in options.get("warnings", []):
+        lines.append(f"# warning: {warning}")
+    for name, setting in settings(type(options)).items():
+        value = options[name]
+        if name == "peers" and value:
+            value = options["peerList"]
+        mark = "" if name in options.fromFile else "  # default"
+        if name == "listen" and name not in options.fromFile:
+            mark = "  # default (from node, or tcp:7700)"
+        if setting.kind == "flag" and not value:
+            value = False
+        if value is None:
+            lines.append(f"# {name} = (not set){'' if mark else '  # set empty'}")
+        else:
+            lines.append(f"{name} = {tomlValue(value)}{mark}")
+    return "\n".join(lines)

@@ -215,9 +215,10 @@ def _number(field: bytes, what: str) -> int:
     return int(field)
 
 
-def decode(data: bytes, cluster: str, node: str) -> State:
+def decode(data: bytes, cluster: Optional[str], node: Optional[str]) -> State:
     """
-    Parse a state file of this C{cluster} and C{node}.
+    Parse a state file of this C{cluster} and C{node} (None: of any, as
+    the state tools read it).
 
     @raise StateError: anything wrong; the whole file is refused.
     """
@@ -253,9 +254,9 @@ def decode(data: bytes, cluster: str, node: str) -> State:
                 state.boot = (bootId.decode("ascii"), bootTime)
     except (KeyError, ValueError, UnicodeDecodeError):
         raise StateError("bad header") from None
-    if state.cluster != cluster:
+    if cluster is not None and state.cluster != cluster:
         raise StateError("belongs to another cluster (its --secret or --peers differ)")
-    if state.node != node:
+    if node is not None and state.node != node:
         raise StateError(f"belongs to node {state.node or '-'}, not {node or '-'}")
     records = lines[1 + headers:]
     if len(records) != count:
