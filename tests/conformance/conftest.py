@@ -240,14 +240,22 @@ def start_driver(kind: str, tmp_path: Path) -> Iterator[Callable[..., DriverProc
         return proc
 
     yield start
-    garbage = []
+    problems = []
     for proc in started:
         proc.kill()
         if proc.garbage:
-            garbage.append(f"{proc.kind}: {proc.garbage[:5]}")
-    if garbage:
-        pytest.fail("driver wrote lines that are not JSON objects on stdout: "
-                    + "; ".join(garbage), pytrace=False)
+            problems.append(f"{proc.kind} wrote lines that are not JSON objects on stdout: "
+                            f"{proc.garbage[:5]}")
+        seen: Dict[str, int] = {}
+        for line in proc.all_lines():
+            if "event" not in line.obj and line.obj.get("id") is not None:
+                ident = json.dumps(line.obj["id"])
+                seen[ident] = seen.get(ident, 0) + 1
+        twice = sorted(i for i, n in seen.items() if n > 1)
+        if twice:
+            problems.append(f"{proc.kind} answered command(s) {twice} more than once")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
 
 
 # -- nodes ---------------------------------------------------------------------------
@@ -341,6 +349,9 @@ class Holder:
 # number) gets every other token wrong.  The node's own tokens are µs
 # timestamps, about 1.8e15: below 2^53 (9.007e15) until the 2250s.
 BIG_TOKEN_MARK = 2**53 + 1_000_001
+# The module node's --max-wait and --max-lease: 34.7 days, more than a
+# timer of 2^31-1 ms (24.8 days) can hold.
+LONG = 3_000_000
 
 
 def _big_token_state(directory: Path) -> None:
@@ -422,11 +433,13 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
 def lone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeBox]:
     """
     One lone node per module (tests use their own keys): HTTP admin on,
-    --max-waiters 3 (the limit tests), --max-observers 2, and tokens above
-    2^53 (BIG_TOKEN_MARK).
+    --max-waiters 3 (the limit tests), --max-observers 2, --max-wait and
+    --max-lease of LONG seconds (above 2^31 ms), and tokens above 2^53
+    (BIG_TOKEN_MARK).
     """
     box = start_node(str(tmp_path_factory.mktemp("lone")),
-                     ["--max-waiters", "3", "--max-observers", "2"], big_tokens=True)
+                     ["--max-waiters", "3", "--max-observers", "2",
+                      "--max-wait", str(LONG), "--max-lease", str(LONG)], big_tokens=True)
     yield box
     box.node.stop()
 

@@ -138,14 +138,20 @@ def test_graceful_handoff_under_a_waiting_acquire(kind, cluster, start_driver, k
     t = token_of(d.call("acquire", key=k, lease=30, wait=10, timeout=15))
     _all_on_the_active(d, other)
     waiting = other.cmd("acquire", key=k, lease=30, wait=20)
+    observing = other.cmd("observe", key=k, token=t, wait=0)
     wait_until(lambda: n0.waiters(k) == 1, 10, "the acquire waits on the active")
+    wait_until(lambda: n0.status()["observers"] == 1, 10, "the observe waits on the active")
     n0.node.signal(signal.SIGTERM)
     wait_until(lambda: n1.status()["role"] == "active", 10, "node1 took over")
     wait_until(lambda: n1.waiters(k) == 1, 10,
                "the waiting acquire followed M to the successor and waits there")
-    assert other.results_for(waiting) == []
+    wait_until(lambda: n1.status()["observers"] == 1, 10,
+               "the waiting observe followed M to the successor")
+    assert other.results_for(waiting) == [] and other.results_for(observing) == []
     ok(d.call("release", key=k, token=t))
     t2 = token_of(other.result(waiting, 10))
+    r = other.result(observing, 10)
+    assert token_of(r) in ("0", t2), f"the observer misses no change: {r}"
     assert n1.tokens(k) == [int(t2)]
     ok(other.call("release", key=k, token=t2))
     err(d.call("release", key=k, token=t), "stale")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from .conftest import wait_until
+from .conftest import LONG, wait_until
 from .util import err, ok, token_of, value_of
 
 # -- acquire / release ------------------------------------------------------------------
@@ -42,8 +42,14 @@ def test_acquire_release_token_is_exact_decimal_string(kind, lone, start_driver,
     err(d.call("release", key=k1, token="0"), "stale")
     err(d.call("release", key=k2, token=str(int(t2) + 1)), "stale")
     assert [str(t) for t in lone.tokens(k2)] == [t2], "a stale release changed nothing"
-    ok(d.call("release", key=k2, token=t2))
+    # Any client may observe, renew or release a grant by its token.
+    other = start_driver(lone.address)
+    r = other.call("observe", key=k2, token="0", wait=5)
+    assert token_of(r) == t2 and value_of(r.get("holder")) == "conf-a", r
+    ok(other.call("renew", key=k2, token=t2, lease=40))
+    ok(other.call("release", key=k2, token=t2))
     assert lone.holders(k2) == []
+    err(d.call("release", key=k2, token=t2), "stale")
 
 
 def test_acquire_timeout_leaves_nothing_queued(kind, lone, start_driver, key, raws):
@@ -89,6 +95,31 @@ def test_cancel_withdraws_with_C_and_answers_after_the_target(kind, lone, start_
     time.sleep(0.5)
     assert lone.holders(k) == []
     assert d.results_for(target) == [mine], "one result per command"
+
+
+def test_cancel_acquires_queued_in_the_client(kind, lone, start_driver, key, raws):
+    """
+    Three acquires of one key: two on the node (one per connection), one
+    waiting its turn in the client; cancelling all leaks nothing.
+    """
+    k = key()
+    holder = lone.hold(k)
+    raws.append(holder)
+    d = start_driver(lone.address)
+    targets = [d.cmd("acquire", key=k, lease=30, wait=0) for _ in range(3)]
+    wait_until(lambda: lone.waiters(k) == 2, 10, "two acquires queued on the node")
+    time.sleep(0.3)
+    for target in targets:
+        cancel = d.cmd("cancel", target=target)
+        done = d.result_line(cancel, 10)
+        ok(done.obj)
+        mine = d.result_line(target, 1)
+        err(mine.obj, "cancelled")
+        assert mine.index < done.index
+    wait_until(lambda: lone.waiters(k) == 0, 5, "every acquire withdrawn")
+    holder.release()
+    time.sleep(0.5)
+    assert lone.holders(k) == [], "a cancelled acquire was granted"
 
 
 def test_cancel_unknown_and_finished_targets(kind, lone, start_driver, key):
@@ -205,13 +236,43 @@ def test_acquire_rejected_by_a_limit(kind, lone, start_driver, key, raws):
 def test_server_maxima_are_rejected_not_invalid(kind, lone, start_driver, key):
     k = key()
     d = start_driver(lone.address)
-    err(d.call("acquire", key=k, lease=90000, wait=5), "rejected")
-    err(d.call("acquire", key=k, lease=30, wait=90000), "rejected")
-    err(d.call("campaign", election=k, value="v", lease=90000), "rejected")
+    above = LONG + 1000  # the node's --max-lease and --max-wait are LONG
+    err(d.call("acquire", key=k, lease=above, wait=5), "rejected")
+    err(d.call("acquire", key=k, lease=30, wait=above), "rejected")
+    err(d.call("campaign", election=k, value="v", lease=above), "rejected")
     assert lone.holders(k) == []
     t = token_of(d.call("acquire", key=k, lease=30, wait=5))
-    err(d.call("renew", key=k, token=t, lease=90000), "rejected")
+    err(d.call("renew", key=k, token=t, lease=above), "rejected")
     ok(d.call("release", key=k, token=t))
+
+
+def test_waits_and_leases_beyond_24_days(kind, lone, start_driver, key, raws):
+    """
+    Waits and leases the node allows (its --max-wait/--max-lease are LONG)
+    but a 32-bit millisecond timer cannot hold: nothing ends early.
+    """
+    k, kept, watched = key("held"), key("kept"), key("watched")
+    long = LONG - 500_000  # 29 days
+    holder = lone.hold(k)
+    raws.append(holder)
+    d = start_driver(lone.address)
+    waiting = d.cmd("acquire", key=k, lease=30, wait=long)
+    observing = d.cmd("observe", key=k, token=str(holder.token), wait=long)
+    t = token_of(d.call("acquire", key=kept, lease=long, wait=5, keepalive=True))
+    tw = token_of(d.call("acquire", key=watched, lease=long, wait=long))
+    time.sleep(1.5)
+    early = d.results_for(waiting) + d.results_for(observing)
+    assert early == [], f"a wait of 29 days must not end in 1.5 s: {[ln.obj for ln in early]}"
+    assert lone.waiters(k) == 1, "the long acquire waits on the node"
+    assert d.events() == [], "a lease of 29 days is not lost in 1.5 s"
+    assert lone.holders(kept)[0]["remaining_seconds"] > long - 100
+    holder.release()
+    granted = token_of(d.result(waiting, 10))
+    r = d.result(observing, 10)
+    assert token_of(r) in ("0", granted), r
+    ok(d.call("release", key=k, token=granted))
+    ok(d.call("release", key=kept, token=t))
+    ok(d.call("release", key=watched, token=tw))
 
 
 # -- renew --------------------------------------------------------------------------------
@@ -369,12 +430,40 @@ def test_campaign_values(kind, lone, start_driver, key):
     ok(d.call("resign", election=e))
 
 
+def test_campaign_value_length_counts_the_instance_id_in_bytes(kind, lone, start_driver, key):
+    e = key("e")
+    d = start_driver(lone.address)
+    token_of(d.call("campaign", election=e, value="v", lease=10))
+    name = lone.holders(e)[0]["holder"]
+    assert name.startswith("v#"), f"official clients name connections value#<instance id>: {name}"
+    suffix = name[1:]  # "#<instance id>"
+    ok(d.call("resign", election=e))
+    room = 250 - len(suffix.encode())  # bytes left for the value
+    for fill in ("x", "é"):
+        longest = fill * (room // len(fill.encode())) + "y" * (room % len(fill.encode()))
+        assert len(longest.encode()) == room
+        t = token_of(d.call("campaign", election=e, value=longest, lease=10))
+        assert lone.holders(e)[0]["holder"] == longest + suffix
+        r = d.call("leader", election=e)
+        assert r.get("value") == longest and r.get("token") == t
+        ok(d.call("resign", election=e))
+        wait_until(lambda: lone.holders(e) == [], 5, "resigned")
+        over = longest + "z"
+        err(d.call("campaign", election=e, value=over, lease=10), "invalid")
+        assert lone.holders(e) == [] and lone.waiters(e) == 0
+
+
 def test_campaign_rejected_and_cancelled(kind, lone, start_driver, key, raws):
     sem, e = key("sem"), key("e")
     holder = lone.hold(sem, share="3")
     raws.append(holder)
     d = start_driver(lone.address)
     err(d.call("campaign", election=sem, value="v", lease=5), "rejected")
+    anonymous = lone.hold(key("anon"))
+    raws.append(anonymous)
+    r = d.call("leader", election=anonymous.key)
+    assert r.get("value") is None and r.get("token") == str(anonymous.token), \
+        f"a leader whose name is '-': value null, its token: {r}"
     leader = lone.hold(e, name="boss#1")
     raws.append(leader)
     r = d.call("leader", election=e)
@@ -482,9 +571,9 @@ def test_close_cancels_pending_releases_held_then_ok_and_exit_0(kind, lone, star
     ok(done.obj)
     for ident in waiting:
         assert d.result_line(ident, 1).index < done.index, "pending results before close's ok"
-    rc = d.wait_exit(10)
-    assert rc == 0, f"exit status {rc}\n{d.describe()}"
-    assert time.monotonic() - t0 < 8
+    rc = d.wait_exit(5)
+    assert rc == 0, f"exit status {rc} (None: still running 5 s after close's ok)\n{d.describe()}"
+    assert time.monotonic() - t0 < 10
     _check_closed(lone, holder, keys, waiting, d, t0)
     d.wait_eof(5)
     assert d.all_lines()[-1].index == done.index, "nothing after close's ok"

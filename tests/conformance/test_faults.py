@@ -158,3 +158,39 @@ def test_lost_when_lease_runs_out_on_a_paused_node(kind, node_factory, start_dri
     assert len(d.events()) == 2, f"one lost event each: {d.events()}"
     wait_until(lambda: box.holders(kept) == [] and box.holders(e) == [], 5,
                "the node expired them once resumed")
+
+
+def test_close_on_a_stalled_node_ends_in_time(kind, lone, start_driver, proxy_factory, key,
+                                              raws):
+    proxy = proxy_factory(lone.port)
+    d = start_driver(proxy.address)
+    busy, mine = key("busy"), key("mine")
+    holder = lone.hold(busy)
+    raws.append(holder)
+    token_of(d.call("acquire", key=mine, lease=60, wait=5))
+    waiting = d.cmd("acquire", key=busy, lease=30, wait=0)
+    wait_until(lambda: lone.waiters(busy) == 1, 10, "the acquire queued")
+    proxy.stall()
+    close = d.cmd("close")
+    line = d.result_line(close, 12)
+    ok(line.obj)
+    assert d.elapsed(close, line) <= 5 + 1.5, "held locks released best effort, within 5 s"
+    err(d.result(waiting, 1), "cancelled")
+    assert d.wait_exit(5) == 0
+    proxy.resume()
+
+
+def test_keepalive_survives_dropped_connections(kind, lone, start_driver, proxy_factory, key):
+    proxy = proxy_factory(lone.port)
+    d = start_driver(proxy.address)
+    k = key()
+    t = token_of(d.call("acquire", key=k, lease=6, wait=5, keepalive=True))
+    wait_until(lambda: len(proxy.open_links()) == 2, 5, "both connections up")
+    # Redials within 3 s, renewals every 2 s: the 6 s lease never runs out.
+    proxy.cut_all()
+    time.sleep(6.5)
+    assert d.events() == [], "a drop with the node alive is no loss: renewals go on"
+    assert [str(x) for x in lone.tokens(k)] == [t]
+    renewed_after = [s for s, _, _ in proxy.lines_up(f"N {k} ")]
+    assert len(renewed_after) >= 2
+    ok(d.call("release", key=k, token=t))

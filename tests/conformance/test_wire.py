@@ -15,7 +15,7 @@ from typing import List, Tuple
 
 import pytest
 
-from .conftest import wait_until
+from .conftest import LONG, wait_until
 from .util import err, ok, same_seconds, seconds_field, token_of
 
 pytestmark = pytest.mark.faults
@@ -57,7 +57,7 @@ def test_seconds_grammar_on_the_wire(kind, lone, start_driver, proxy_factory, ke
         same_seconds(f[2], lease)
         same_seconds(f[3], wait, spent=0.05)
     # Above the node's maxima: sent as written (no exponent), rejected by the node.
-    for k, lease, wait in ((key("big"), 123456.7, 1), (key("huge"), 1e21, 1),
+    for k, lease, wait in ((key("big"), LONG + 0.5, 1), (key("huge"), 1e21, 1),
                            (key("hugewait"), 30, 1e21)):
         err(d.call("acquire", key=k, lease=lease, wait=wait, timeout=15), "rejected")
         for f in _fields(proxy, f"A {k} "):
@@ -345,3 +345,43 @@ def test_keepalive_cadence_on_the_wire(kind, lone, start_driver, proxy_factory, 
     count = len(proxy.lines_up(f"N {k} "))
     time.sleep(1.0)
     assert len(proxy.lines_up(f"N {k} ")) == count, "no renewal after the release"
+
+
+def test_acquire_moves_to_the_next_connection_on_a_drop(kind, lone, start_driver,
+                                                        proxy_factory, key, raws):
+    proxy, d = _through(proxy_factory, lone, start_driver)
+    k = key()
+    holder = lone.hold(k)
+    raws.append(holder)
+    ok(d.call("leader", election=key("warm")))
+    wait_until(lambda: len(proxy.open_links()) == 2, 5, "both connections up")
+    waiting = d.cmd("acquire", key=k, lease=30, wait=15)
+    wait_until(lambda: lone.waiters(k) == 1, 10, "the acquire queued")
+    carrier = [lk for lk in proxy.all_links() if any(t.startswith(f"A {k} ") for _, t in lk.up)]
+    assert len(carrier) == 1
+    proxy.cut(carrier[0])
+    wait_until(lambda: len({n for _, n, _ in proxy.lines_up(f"A {k} ")}) == 2, 5,
+               "the acquire re-sent on the other connection")
+    wait_until(lambda: lone.waiters(k) == 1, 5, "queued again")
+    assert d.results_for(waiting) == []
+    holder.release()
+    t = token_of(d.result(waiting, 10))
+    assert lone.tokens(k) == [int(t)]
+    ok(d.call("release", key=k, token=t))
+
+
+def test_acquire_fails_after_as_many_drops_as_connections(kind, lone, start_driver,
+                                                          proxy_factory, key):
+    proxy, d = _through(proxy_factory, lone, start_driver)
+    k = key()
+    ok(d.call("leader", election=key("warm")))
+    wait_until(lambda: len(proxy.open_links()) == 2, 5, "both connections up")
+    proxy.cut_on_line(lambda line: line.startswith(f"A {k} "))
+    ident = d.cmd("acquire", key=k, lease=30, wait=5)
+    line = d.result_line(ident, 13)
+    err(line.obj, "no_connection")
+    assert d.elapsed(ident, line) <= 10 + 1.5
+    tries = proxy.lines_up(f"A {k} ")
+    assert len({n for _, n, _ in tries}) >= 2, \
+        f"an error only after as many tries as connections: {tries}"
+    assert lone.holders(k) == [] and lone.waiters(k) == 0
