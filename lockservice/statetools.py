@@ -286,7 +286,7 @@ def backup(directory: str, target: str) -> Dict[str, Any]:
     # The node renames a complete new file over the old one: a read gets
     # one whole version.  Should it ever not check, read again (a file
     # mangled on disk fails every time, and is refused).
-    for attempt in range(3):
+    for _attempt in range(3):
         data = _read(path, "state file")
         if checksumOK(data):
             break
