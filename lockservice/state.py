@@ -44,9 +44,16 @@ checksum of everything before it::
     saved <wall-clock microseconds when the locks were written, 0: no locks>
     boot <boot id, or -> <CLOCK_BOOTTIME microseconds when the locks were written>
     locks <count>
+    groups <count>
     L <key, hex> <token> <deadline, wall us> <granted, wall us> <share> <holder, hex or -> <d or ->
     ...
+    G <group, hex> <created, wall us>
+    M <group, hex> <member, hex> <joined, wall us> <updated, wall us> <deadline, wall us> <caps, hex or ->
+    ...
     sha256 <hex digest of every byte above>
+
+(The group extension's groups and members: C{groups} counts the G and M
+lines.)
 
 Deadlines are written as wall-clock microseconds relative to C{saved}
 (the time left is C{deadline - saved}).  Format 1, written by version
@@ -125,6 +132,21 @@ class SavedLock:
 
 
 @dataclass
+class SavedGroup:
+    """
+    A group (C{member} None) or a member of one, as written at a graceful
+    stop: times and the member's deadline in wall-clock microseconds.
+    """
+
+    group: bytes
+    member: Optional[bytes]
+    created: int
+    updated: int = 0
+    deadline: int = 0
+    capabilities: bytes = b""
+
+
+@dataclass
 class State:
     """
     @ivar boot: C{(boot id, CLOCK_BOOTTIME microseconds)} when the locks
@@ -138,6 +160,7 @@ class State:
     saved: int = 0
     locks: List[SavedLock] = field(default_factory=list)
     boot: Optional[Tuple[str, int]] = None
+    groups: List[SavedGroup] = field(default_factory=list)
 
 
 BootClock = Callable[[], Optional[Tuple[str, int]]]
@@ -199,12 +222,21 @@ def encode(state: State) -> bytes:
         b"boot - 0" if state.boot is None else b"boot %s %d" % (state.boot[0].encode(),
                                                                 state.boot[1]),
         b"locks %d" % len(state.locks),
+        b"groups %d" % len(state.groups),
     ]
     for lock in state.locks:
         lines.append(b"L %s %d %d %d %s %s %s" % (
             lock.key.hex().encode(), lock.token, lock.deadline, lock.granted, lock.share,
             b"-" if lock.holder is None else lock.holder.hex().encode(),
             b"d" if lock.delayed else b"-"))
+    for saved in state.groups:
+        if saved.member is None:
+            lines.append(b"G %s %d" % (saved.group.hex().encode(), saved.created))
+        else:
+            lines.append(b"M %s %s %d %d %d %s" % (
+                saved.group.hex().encode(), saved.member.hex().encode(), saved.created,
+                saved.updated, saved.deadline,
+                saved.capabilities.hex().encode() if saved.capabilities else b"-"))
     body = b"\n".join(lines) + b"\n"
     return body + b"sha256 " + hashlib.sha256(body).hexdigest().encode() + b"\n"
 
@@ -236,7 +268,7 @@ def decode(data: bytes, cluster: Optional[str], node: Optional[str]) -> State:
     if hashlib.sha256(body).hexdigest().encode() != digest:
         raise StateError("checksum mismatch (corrupt or truncated)")
     lines = body.split(b"\n")[:-1]
-    headers = 6 if old else 7
+    headers = 6 if old else 8
     try:
         header = dict(line.split(b" ", 1) for line in lines[1:1 + headers])
         state = State(
@@ -247,6 +279,7 @@ def decode(data: bytes, cluster: Optional[str], node: Optional[str]) -> State:
             saved=_number(header[b"saved"], "saved time"),
         )
         count = _number(header[b"locks"], "lock count")
+        groupCount = 0 if old else _number(header[b"groups"], "group count")
         if not old:
             bootId, bootField = header[b"boot"].split(b" ")
             bootTime = _number(bootField, "boot time")
@@ -258,9 +291,13 @@ def decode(data: bytes, cluster: Optional[str], node: Optional[str]) -> State:
         raise StateError("belongs to another cluster (its --secret or --peers differ)")
     if node is not None and state.node != node:
         raise StateError(f"belongs to node {state.node or '-'}, not {node or '-'}")
-    records = lines[1 + headers:]
-    if len(records) != count:
-        raise StateError(f"{len(records)} lock lines, header says {count}")
+    records = lines[1 + headers:1 + headers + count]
+    groupRecords = lines[1 + headers + count:]
+    if len(records) != count or len(groupRecords) != groupCount:
+        raise StateError(f"{len(records)} lock lines and {len(groupRecords)} group lines, "
+                         f"header says {count} and {groupCount}")
+    for record in groupRecords:
+        state.groups.append(_groupRecord(record))
     for record in records:
         fields = record.split(b" ")
         if len(fields) != (6 if old else 8) or fields[0] != b"L":
@@ -281,6 +318,22 @@ def decode(data: bytes, cluster: Optional[str], node: Optional[str]) -> State:
                                      _number(fields[4], "grant time"), share, holder,
                                      not old and fields[7] == b"d"))
     return state
+
+
+def _groupRecord(record: bytes) -> SavedGroup:
+    fields = record.split(b" ")
+    try:
+        group = bytes.fromhex(fields[1].decode("ascii"))
+        if fields[0] == b"G" and len(fields) == 3:
+            return SavedGroup(group, None, _number(fields[2], "group time"))
+        if fields[0] == b"M" and len(fields) == 7:
+            return SavedGroup(group, bytes.fromhex(fields[2].decode("ascii")),
+                              _number(fields[3], "member time"), _number(fields[4], "member time"),
+                              _number(fields[5], "member deadline"),
+                              b"" if fields[6] == b"-" else bytes.fromhex(fields[6].decode("ascii")))
+    except (IndexError, ValueError, UnicodeDecodeError):
+        pass
+    raise StateError(f"bad group line {record[:60]!r}")
 
 
 class StateDir:
@@ -432,6 +485,7 @@ class NodeState:
         if loaded is not None:
             self.state = loaded
         saved, self.state.locks = self.state.locks, []
+        savedGroups, self.state.groups = self.state.groups, []
         restored = self.restored = max(self.state.mark, self.state.term)
         self.tokens = DurableTokens(self.wallMicros, max(locks.table.tokens.last, restored),
                                     0, self.recordMark)
@@ -448,6 +502,7 @@ class NodeState:
                              f"{self.directory.file}: {e.strerror}") from None
         wall = self.wallMicros()
         down = downtime(self.state.saved, self.state.boot, wall, self.boot())
+        self._restoreGroups(locks, savedGroups, down)
         if saved and down is None:
             self.log.warn(
                 "the {n} saved locks in {file} are treated as expired: the wall clock is "
@@ -470,6 +525,28 @@ class NodeState:
                                     lock.holder, lock.delayed)
                 kept += 1
         return kept, len(saved) - kept
+
+    def _restoreGroups(self, locks: "LockService", saved: List[SavedGroup],
+                       down: Optional[int]) -> None:
+        """
+        The groups saved at the last graceful stop, and the members whose
+        lease did not run out meanwhile (none when how long the node was
+        down cannot be known: see L{downtime}).
+        """
+        from lockservice.core.groups import GroupRecord
+
+        now = locks.clock.seconds()
+        records = []
+        for group in saved:
+            if group.member is None:
+                records.append(GroupRecord(group.group, None, group.created, group.created,
+                                           0.0, b""))
+            elif down is not None:
+                left = (group.deadline - self.state.saved - down) / 1e6
+                if left > 0:
+                    records.append(GroupRecord(group.group, group.member, group.created,
+                                               group.updated, now + left, group.capabilities))
+        locks.groups.install(records)
 
     def _writeMark(self, token: int) -> None:
         mark = max(self.wallMicros() + MARK_LEAD, token + AHEAD_LEAD)
@@ -530,6 +607,11 @@ class NodeState:
                     saved.append(SavedLock(key, token, wall + int((expiresAt - now) * 1e6),
                                            wall - int((now - grantedAt) * 1e6),
                                            formatShare(share) or b"1", name, delayed))
+            self.state.groups = [
+                SavedGroup(r.group, r.member, r.createdAt, r.updatedAt,
+                           wall + int((r.expiresAt - now) * 1e6) if r.member is not None else 0,
+                           r.capabilities)
+                for r in locks.groups.registry.records(now)]
             self.state.saved = wall
             self.state.boot = self.boot()
         self.state.locks = saved

@@ -166,7 +166,9 @@ class Acquire:
     async def _attempt(self) -> None:
         owner, pool = self.owner, self.pool
         drops = redirects = 0
-        tried = False  # the deadline ends re-sends only: the first try goes out
+        # The deadline ends re-sends only: the first try goes out, once a
+        # connection carries it (the guard bounds the wait for one).
+        tried = False
         # The connection to try again (after a redirect, or M *).
         again: Optional[Slot] = None
         while True:
@@ -183,7 +185,6 @@ class Acquire:
                 slot, busy = pool.pickFor(b"A", self.key)
             again = None
             if slot is None:
-                tried = True
                 if busy is not None:
                     await busy  # our other acquire of this key comes first
                 else:

@@ -56,6 +56,7 @@ from lockservice.client.errors import (
     NoConnection,
     ReleaseFailed,
 )
+from lockservice.client.groups import Groups
 from lockservice.client.lock import Lock, Share
 from lockservice.client.observing import Observe, Observed, Watch
 from lockservice.client.pool import RECONNECT_INTERVAL, Pool, Slot
@@ -181,6 +182,8 @@ class LockClient:
         self._acquiring: Set["Deferred[Lock]"] = set()
         # Fail what is still waiting on a timer when the client is closed.
         self._onClose: Set[Callable[[Exception], None]] = set()
+        # The group extension (what the tooz driver uses).
+        self.groups = Groups(self)
 
     def start(self) -> None:
         for pool in self.pools:
@@ -532,12 +535,13 @@ class LockClient:
                      self.clock).start()
 
     def campaign(self, election: Union[str, bytes], value: str,
-                 lease: float = DEFAULT_LEADER_LEASE) -> "Deferred[Leadership]":
+                 lease: float = DEFAULT_LEADER_LEASE, wait: float = 0) -> "Deferred[Leadership]":
         """
         Campaign in C{election} with C{value}: fires with a L{Leadership}
         once this client leads (kept alive; its C{lost} fires when the
         leadership can no longer be trusted).  Cancelling it withdraws the
-        campaign.
+        campaign.  C{wait} bounds it (0: for ever): then it fails with
+        L{LockTimeout}.
 
         @raise ValueError: C{value} cannot be a connection name's value
             (empty, a space or control character, too long): nothing sent.
@@ -552,7 +556,7 @@ class LockClient:
         pool = Pool(self.clock, home.homes, self.endpointFor, name, spare=False)
         pool.start()
         electionText = rawElection.decode("utf-8")
-        d = self._acquireOn(pool, rawElection, lease, 0, True, None)
+        d = self._acquireOn(pool, rawElection, lease, wait, True, None)
 
         def ended(result: object) -> object:
             pool.retireAll()

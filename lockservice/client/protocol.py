@@ -19,6 +19,7 @@ from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
 from lockservice.client.errors import ConnectionDropped
+from lockservice.core.groupwire import OPS as GROUP_OPS
 from lockservice.tcp import noDelay
 
 Fields = List[bytes]
@@ -36,6 +37,8 @@ def pairOf(fields: Fields) -> Optional[Tuple[bytes, bytes]]:
         return (kind, fields[1])
     if kind in (b"P", b"I") and len(fields) == 2:
         return (kind, fields[1])
+    if kind in GROUP_OPS and len(fields) >= 2:
+        return (kind, fields[1])  # the group extension (see core/groupwire.py)
     if kind in (b"M", b"E") and len(fields) >= 3:
         return (fields[1], fields[2])
     return None

@@ -228,7 +228,7 @@ class Client:
         return self._call(self._inner.observe, key, token, wait)  # type: ignore[no-any-return]
 
     def campaign(self, election: Union[str, bytes], value: str,
-                 lease: float = DEFAULT_LEADER_LEASE) -> "Leadership":
+                 lease: float = DEFAULT_LEADER_LEASE, wait: float = 0) -> "Leadership":
         """
         Campaign in C{election} with C{value}; returns once this client
         leads (kept alive).  Ctrl+C (or a timeout around it) withdraws it.
@@ -238,10 +238,18 @@ class Client:
         campaignName(value, self.instance)  # refused here, before anything is sent
 
         def inReactor() -> Any:
-            d = self._inner.campaign(election, value, lease)
+            d = self._inner.campaign(election, value, lease, wait)
             return d.addCallback(lambda inner: Leadership(self, inner))
 
         return self._call(inReactor, onAbandon=lambda won: won._inner.resign())  # type: ignore[no-any-return]
+
+    def groups(self, method: str, *args: Any) -> Any:
+        """
+        One request of the group extension (see
+        L{lockservice.client.groups.Groups}): C{client.groups("join", g, m,
+        30, b"caps")}.
+        """
+        return self._call(getattr(self._inner.groups, method), *args)
 
     def leader(self, election: Union[str, bytes]) -> Optional[Leader]:
         """

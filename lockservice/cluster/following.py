@@ -58,7 +58,7 @@ class Following:
         for its state.
         """
         if previous != j:
-            self.log.info("following {peer}", peer=self.owner.name(j))
+            self.log.info("following {peer}", peer=self.owner.name(j), event="following")
             self.position = 0
         self._leavingLeader = None  # read it up again before leaving it
         channel = self.links.outbound.get(j)
@@ -117,7 +117,7 @@ class Following:
                 "(longest silence from it meanwhile: {silence:.0f} ms)",
                 peer=self.owner.name(j), keys=self.locks.heldCount(),
                 seconds=self.clock.seconds() - self.syncStartedAt,
-                silence=self.links.longestSilence.get(j, 0.0) * 1000)
+                silence=self.links.longestSilence.get(j, 0.0) * 1000, event="synchronised")
         channel.send(peerwire.SYNCED)
 
     def applyChanges(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
@@ -136,6 +136,22 @@ class Following:
             owner.plausible(j, token, "token")  # logs it
         if parsed.changes:
             self.locks.mirror(parsed.changes)
+
+    def groupChanged(self, j: int, channel: PeerChannel, fields: Sequence[bytes]) -> bool:
+        """
+        A group or member line from peer C{j}: applied when it is our
+        leader's stream.
+
+        @return: whether it was (else it may be a heal's offer).
+        """
+        if not self.owner.fromLeader(j, channel):
+            return False
+        present, record = peerwire.parseGroupLine(fields, self.clock.seconds())
+        if present:
+            self.locks.groups.install([record])
+        else:
+            self.locks.groups.remove(record.group, record.member)
+        return True
 
     def acknowledge(self, channel: PeerChannel, lines: Sequence[bytes]) -> None:
         """

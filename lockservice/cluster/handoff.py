@@ -91,7 +91,8 @@ class Handoffs:
              and not v.clockSuspect and j in inbound and inbound[j].synced),
             key=lambda j: (now - lastHeard.get(j, -inf) > quiet, j))
         if not candidates:
-            self.log.warn("stopping with no live standby: held locks end with this node")
+            self.log.warn("stopping with no live standby: held locks end with this node",
+                          event="stopping_without_standby")
         for j in candidates:
             if await self.start(j, stopping=True):
                 await deferLater(self.clock, FLUSH_BEFORE_EXIT, lambda: None)
@@ -112,7 +113,7 @@ class Handoffs:
         attempt = Attempt(j, owner.newTerm(), stopping, self.clock.seconds())
         self.current = attempt
         self.log.info("handing off to {peer} (term {term})", peer=owner.name(j),
-                      term=attempt.term)
+                      term=attempt.term, event="handoff_started")
         owner.handingOff()
         channel.send(peerwire.handoff(attempt.term))
         owner.broadcastHeartbeat()
@@ -157,7 +158,8 @@ class Handoffs:
         if attempt is None or attempt.successor != j or attempt.term != term:
             return
         self._end(attempt)
-        self.log.warn("handed off to {peer} (term {term})", peer=self.owner.name(j), term=term)
+        self.log.warn("handed off to {peer} (term {term})", peer=self.owner.name(j), term=term,
+                      event="handed_off")
         self.owner.handedOff(j, term, attempt.stopping)
         attempt.done.callback(True)
 
@@ -178,7 +180,8 @@ class Handoffs:
             return
         self._end(attempt)
         self.log.warn("handoff to {peer} failed: {why}",
-                      peer=self.owner.name(attempt.successor), why=why)
+                      peer=self.owner.name(attempt.successor), why=why,
+                      event="handoff_failed")
         self.owner.handoffFailed()
         attempt.done.callback(False)
 

@@ -89,8 +89,9 @@ class Healing:
                   in self.locks.table.everyGrant()]
         notes = list(self.releases.notes())
         data = peerwire.offerLines(origin, notes, grants)
-        if data:
-            channel.transport.write(data)
+        groups = [peerwire.groupLine(record, now)
+                  for record in self.locks.groups.registry.records(now)]
+        channel.transport.write(data + b"".join(groups))
         # Handed over: the winner keeps them from now on.
         self.releases.forget()
         if grants or notes:
@@ -206,6 +207,23 @@ class Healing:
                           offered.delayed))
         if batch:
             locks.mirror(batch)
+
+    def mergeGroup(self, j: int, channel: PeerChannel, fields: Sequence[bytes]) -> None:
+        """
+        A group or member of peer C{j}'s offer (a heal): an active node
+        keeps both sides' groups, and of a member both sides have, the
+        later lease; what it takes goes on to its standbys.
+        """
+        if channel.outbound or self.owner.role != ACTIVE:
+            return
+        present, record = peerwire.parseGroupLine(fields, self.clock.seconds())
+        if not present:
+            return
+        registry = self.locks.groups.registry
+        registry.install(record, self.clock.seconds())
+        kept = registry.record(record.group, record.member)
+        if kept is not None:
+            self.stream.groupSet(kept)
 
     def offerEnded(self, j: int, channel: PeerChannel) -> None:
         """

@@ -125,10 +125,10 @@ class Heartbeats:
         if alive:
             view = self.views[j]
             self.log.info("peer {peer} is up ({role}, term {term})", peer=name,
-                          role=view.role, term=view.term)
+                          role=view.role, term=view.term, event="peer_up")
             self.owner.eventSink("peer-up", name, f"{view.role}, term {view.term}")
         else:
-            self.log.warn("lost peer {peer}", peer=name)
+            self.log.warn("lost peer {peer}", peer=name, event="peer_lost")
             self.owner.eventSink("peer-down", name, None)
 
     def heard(self, j: int, fields: Sequence[bytes]) -> None:

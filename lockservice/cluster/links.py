@@ -192,7 +192,8 @@ class Links:
                 self.claimsSeen.add((j, host))
                 self.log.error(
                     "a connection from {source} claiming to be peer {peer} failed the "
-                    "handshake ({why})", source=source, peer=self.names[j].decode(), why=why)
+                    "handshake ({why})", source=source, peer=self.names[j].decode(), why=why,
+                    event="handshake_failed")
             return
         self.mismatch[j] = self.clock.seconds()
         if j not in self.mismatchSeen:
@@ -200,7 +201,7 @@ class Links:
             self.log.error(
                 "peer {peer} does not share our --secret ({why}): it cannot join this "
                 "node's cluster until the secrets match",
-                peer=self.names[j].decode(), why=why,
+                peer=self.names[j].decode(), why=why, event="peer_secret_mismatch",
             )
 
     def handshakeRefused(self, source: str, why: str) -> None:
@@ -214,7 +215,8 @@ class Links:
                 self.refusalsSeen.clear()
             self.refusalsSeen.add((source, why))
             self.log.warn("refused a peer handshake from {source}: {why} (logged once per "
-                          "source and reason; /status counts them)", source=source, why=why)
+                          "source and reason; /status counts them)", source=source, why=why,
+                          event="handshake_refused")
 
     def channelUp(self, channel: PeerChannel) -> None:
         j = channel.remote
@@ -222,7 +224,8 @@ class Links:
         if j in self.mismatchSeen:
             self.mismatchSeen.discard(j)
             self.mismatch.pop(j, None)
-            self.log.info("peer {peer} now shares our --secret", peer=self.names[j].decode())
+            self.log.info("peer {peer} now shares our --secret", peer=self.names[j].decode(),
+                          event="peer_secret_matches")
         links = self.outbound if channel.outbound else self.inbound
         old = links.get(j)
         links[j] = channel

@@ -153,6 +153,7 @@ class Cluster(Service):
         self._beat: Optional[LoopingCall] = None
         locks.observers.append(self.stream)
         locks.notify.mirrors.append(self.stream)
+        locks.groups.registry.observers.append(self.stream)
         locks.answers.gate = self.stream
         locks.beforeTurnHooks.append(self.heartbeats.notJustResumed)
         locks.setRole(SYNCING, None)
@@ -205,7 +206,8 @@ class Cluster(Service):
         if self.terms.logRefusal(j, self.clock.seconds()):
             self.log.error(
                 "refused a {what} of {value} from peer {peer}: more than an hour ahead "
-                "of this node's clock", what=what, value=value, peer=self.name(j))
+                "of this node's clock", what=what, value=value, peer=self.name(j),
+                event="implausible_value_refused")
         return False
 
     def newTerm(self) -> int:
@@ -266,7 +268,7 @@ class Cluster(Service):
     def resumedLate(self, idle: float) -> None:
         if self.servingGate.stopUntilRead(idle):
             self.log.info("did not run for {ms:.0f} ms: not serving until the peers are read",
-                          ms=idle * 1000)
+                          ms=idle * 1000, event="resumed_late")
             self.gate()
 
     def peerTerm(self, j: int, term: int, token: int) -> None:
@@ -336,7 +338,8 @@ class Cluster(Service):
         if distrusted is None:
             if self.clockSuspect is not None:
                 self.clockSuspect = None
-                self.log.info("this node's clock agrees with its live peers again")
+                self.log.info("this node's clock agrees with its live peers again",
+                              event="clock_trusted")
                 if self._deferred:
                     self._deferred = False
                     self.leader = None
@@ -347,10 +350,11 @@ class Cluster(Service):
         if self.clockSuspect is not None:
             return
         self.clockSuspect = clocktrust.reason(self.name(distrusted), what, ahead)
-        self.log.error("{why}", why=self.clockSuspect)
+        self.log.error("{why}", why=self.clockSuspect, event="clock_suspect")
         if self.role == ACTIVE:
             self.log.warn("stepping down and offering {peer} our {keys} held keys",
-                          peer=self.name(distrusted), keys=self.locks.heldCount())
+                          peer=self.name(distrusted), keys=self.locks.heldCount(),
+                          event="stepped_down")
             self.eras.steppingDown(self.me, self.term)
             self.setRole(STANDBY)
             self._deferred = True
@@ -378,7 +382,8 @@ class Cluster(Service):
             self.log.warn(
                 "serving although live peer(s) {peers} do not follow this node "
                 "after {seconds:.1f} s: changes answered now may be lost if this "
-                "node fails", peers=names, seconds=verdict.servingWithout)
+                "node fails", peers=names, seconds=verdict.servingWithout,
+                event="serving_without_peers")
         if not verdict.changed:
             return
         self.locks.setRole(ACTIVE if self.serving else HANDING_OFF, self.activeAddress())
@@ -389,9 +394,11 @@ class Cluster(Service):
                           peers=sum(1 for j, v in self.views.items()
                                     if v.alive and j not in missing),
                           ms=verdict.frozenFor * 1000,
-                          what="became active" if verdict.sinceActive else "stopped serving")
+                          what="became active" if verdict.sinceActive else "stopped serving",
+                          event="serving")
         elif missing:
-            self.log.info("not serving until {peers} receive(s) the stream", peers=names)
+            self.log.info("not serving until {peers} receive(s) the stream", peers=names,
+                          event="not_serving")
 
     def _act(self, action: Action) -> None:
         if action.kind == "promote":
@@ -402,7 +409,7 @@ class Cluster(Service):
                 "split brain: {peer} is active too (term {theirs} >= {ours}); stepping down "
                 "and handing it our {keys} held keys",
                 peer=self.name(action.peer), theirs=self.views[action.peer].term,
-                ours=self.term, keys=self.locks.heldCount(),
+                ours=self.term, keys=self.locks.heldCount(), event="stepped_down",
             )
             self.setRole(STANDBY)
             self.follow(action.peer, merge=True)
@@ -416,7 +423,8 @@ class Cluster(Service):
             # one: a key held on one side only must survive a heal.
             self.follow(action.peer, merge=self.role == STANDBY and self.leader is not None)
         elif action.kind == "bump-term":
-            self.log.warn("split brain: a lower-priority node is active; claiming a higher term")
+            self.log.warn("split brain: a lower-priority node is active; claiming a higher term",
+                          event="term_claimed")
             self.term = self.newTerm()
             self.broadcastHeartbeat()
         elif action.kind == "hand-off":
@@ -455,7 +463,7 @@ class Cluster(Service):
         self.releases.startNoting(self.locks.lastToken(), self.clock.seconds())
         self.setRole(ACTIVE)
         self.log.warn("promoted to active (term {term}) with {keys} held keys",
-                      term=self.term, keys=self.locks.heldCount())
+                      term=self.term, keys=self.locks.heldCount(), event="promoted")
         self.eventSink("promotion", self.name(self.me),
                        f"term {self.term}, {self.locks.heldCount()} held keys")
         self.broadcastHeartbeat()
@@ -485,7 +493,8 @@ class Cluster(Service):
         self.releases.startNoting(self.locks.lastToken(), self.clock.seconds())
         self.setRole(ACTIVE)
         self.log.warn("took over from {peer} by handoff (term {term}) with {keys} held keys",
-                      peer=self.name(j), term=term, keys=self.locks.heldCount())
+                      peer=self.name(j), term=term, keys=self.locks.heldCount(),
+                      event="took_over")
         self.eventSink("promotion", self.name(self.me),
                        f"by handoff from {self.name(j)}, term {term}")
 

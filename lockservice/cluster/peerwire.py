@@ -30,6 +30,11 @@ then, once authenticated:
     S <position>                            the stream up to here (acknowledged with
                                             --replication ack; and heartbeats say it)
     ACK <position>                          follower -> leader, once per read
+    GG <group> <created_us>                 a group (live stream, snapshot, offer)
+    GM <group> <member> <joined_us> <updated_us> <remaining_us> <caps>
+                                            a member of a group (the same)
+    GD <group>                              a group deleted (live stream)
+    GL <group> <member>                     a member left (live stream)
     HANDOFF <term>                          old active -> successor
     TAKEN <term> | REFUSED <term>           successor -> old active
 
@@ -52,6 +57,7 @@ from __future__ import annotations
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from lockservice.core.election import ROLES, SYNCING
+from lockservice.core.groups import GroupRecord, escape, unescape
 from lockservice.core.table import EXCLUSIVE
 from lockservice.core.table import Change as TableChange
 from lockservice.core.wire import parseShare
@@ -75,6 +81,11 @@ OFFER = b"OFFER"
 RELEASED = b"RELEASED"
 MERGE = b"MERGE"
 HANDOFF = b"HANDOFF"
+GROUP = b"GG"
+MEMBER = b"GM"
+GROUP_DELETED = b"GD"
+MEMBER_LEFT = b"GL"
+GROUP_LINES = (GROUP, MEMBER, GROUP_DELETED, MEMBER_LEFT)
 TAKEN = b"TAKEN"
 REFUSED = b"REFUSED"
 
@@ -311,6 +322,52 @@ def parsePosition(fields: Sequence[bytes]) -> int:
     The position of an C{S} or C{ACK} line.
     """
     return _ints(fields, 1)[0]
+
+
+# -- groups (see lockservice.core.groups) -----------------------------------------
+
+
+def groupLine(record: GroupRecord, now: float) -> bytes:
+    """
+    The C{GG} or C{GM} line of C{record}, with its newline (times in wall
+    microseconds; a member's lease as the time left).
+    """
+    if record.member is None:
+        return b"GG %s %d\n" % (record.group, record.createdAt)
+    return b"GM %s %s %d %d %d %s\n" % (
+        record.group, record.member, record.createdAt, record.updatedAt,
+        micros(record.expiresAt - now), escape(record.capabilities))
+
+
+def groupGoneLine(group: bytes, member: Optional[bytes]) -> bytes:
+    if member is None:
+        return b"GD %s\n" % group
+    return b"GL %s %s\n" % (group, member)
+
+
+def parseGroupLine(fields: Sequence[bytes], now: float
+                   ) -> Tuple[bool, GroupRecord]:
+    """
+    A C{GG}, C{GM}, C{GD} or C{GL} line: C{(present, record)}, C{present}
+    False for a deleted group or a member that left (then only the
+    record's group and member count).
+
+    @raise Malformed: a line that cannot be read.
+    """
+    try:
+        kind, group = fields[0], fields[1]
+        if kind == GROUP and len(fields) == 3:
+            return True, GroupRecord(group, None, int(fields[2]), int(fields[2]), 0.0, b"")
+        if kind == MEMBER and len(fields) == 7:
+            return True, GroupRecord(group, fields[2], int(fields[3]), int(fields[4]),
+                                     now + int(fields[5]) / 1e6, unescape(fields[6]))
+        if kind == GROUP_DELETED and len(fields) == 2:
+            return False, GroupRecord(group, None, 0, 0, 0.0, b"")
+        if kind == MEMBER_LEFT and len(fields) == 3:
+            return False, GroupRecord(group, fields[2], 0, 0, 0.0, b"")
+    except (IndexError, ValueError) as e:
+        raise Malformed(fields[:8]) from e
+    raise Malformed(fields[:8])
 
 
 # -- handoff ----------------------------------------------------------------------

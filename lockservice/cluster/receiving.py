@@ -182,6 +182,9 @@ class Receiver:
                 self.following.snapshotBegins(j, channel, fields)
             elif kind == peerwire.SNAPEND:
                 self.following.snapshotEnded(j, channel)
+            elif kind in peerwire.GROUP_LINES:
+                if not self.following.groupChanged(j, channel, fields):
+                    self.healing.mergeGroup(j, channel, fields)
             elif kind == peerwire.POSITION:
                 # (Acknowledged on receipt: see peerLines.)
                 self.following.reached(j, channel, fields)

@@ -44,6 +44,7 @@ from lockservice.cluster.peerwire import (
 )
 from lockservice.cluster.released import Releases
 from lockservice.core.election import ACTIVE, HANDING_OFF
+from lockservice.core.groups import GroupRecord
 from lockservice.core.table import EXCLUSIVE
 from lockservice.internals import flushToKernel, sendNow
 from lockservice.server.service import LockService
@@ -74,6 +75,8 @@ class SnapshotProducer:
         self.stream = stream
         self.channel = channel
         self.keys = keys
+        # The groups and their members follow the keys (few: read at once).
+        self.groups = list(stream.locks.groups.registry.records(stream.clock.seconds()))
         self.index = 0
         self.stopped = False
         self.startedAt = stream.clock.seconds()
@@ -103,6 +106,7 @@ class SnapshotProducer:
         self.index = end
         done = self.index >= len(self.keys)
         if done:
+            lines.extend(peerwire.groupLine(record, now) for record in self.groups)
             lines.append(peerwire.SNAPEND + b"\n")
         if lines:
             self.channel.transport.write(b"".join(lines))
@@ -226,6 +230,16 @@ class Stream:
         if not expired:
             self.releases.released(key, token, self.clock.seconds())
 
+    def groupSet(self, record: GroupRecord) -> None:
+        """
+        A group created, or a member joined, renewed or changed (the
+        registry's observer).
+        """
+        self._queue(peerwire.groupLine(record, self.clock.seconds()))
+
+    def groupUnset(self, group: bytes, member: Optional[bytes]) -> None:
+        self._queue(peerwire.groupGoneLine(group, member))
+
     def delayed(self, key: bytes, token: int, until: float) -> None:
         table = self.locks.table
         place = table.placeOf(key, token)
@@ -337,7 +351,7 @@ class Stream:
                     "it syncs again when it reads",
                     peer=self.owner.name(channel.remote) if channel.remote is not None else "?",
                     what="acknowledged" if acknowledged else "took",
-                    seconds=now - channel.behindSince)
+                    seconds=now - channel.behindSince, event="follower_cut_off")
                 channel.lagging = True
                 channel.close(abort=True)
                 continue
@@ -395,5 +409,5 @@ class Stream:
             "(longest silence from it meanwhile: {silence:.0f} ms)",
             keys=len(producer.keys), peer=self.owner.name(j),
             seconds=self.clock.seconds() - producer.startedAt,
-            silence=self.links.longestSilence.get(j, 0.0) * 1000,
+            silence=self.links.longestSilence.get(j, 0.0) * 1000, event="snapshot_sent",
         )

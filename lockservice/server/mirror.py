@@ -21,6 +21,7 @@ from twisted.internet.interfaces import IReactorTime
 from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.table import EXCLUSIVE, Change, Holder, LockTable
 from lockservice.server.deadlines import LeaseDeadlines
+from lockservice.server.groups import GroupService
 from lockservice.server.observers import Observers
 from lockservice.server.observing import KeyObservers
 from lockservice.server.stats import Stats
@@ -42,6 +43,7 @@ class Mirroring:
     notify: Observers
     stats: Stats
     observing: KeyObservers
+    groups: GroupService
     _observed: Dict[bytes, Any]
 
     def _fileLease(self, key: bytes, token: int, expiresAt: float, shared: bool) -> None:
@@ -134,6 +136,7 @@ class Mirroring:
 
     def clearHolders(self) -> None:
         """
-        Forget every held key (a full snapshot follows).
+        Forget every held key and every group (a full snapshot follows).
         """
         self.table.clear()
+        self.groups.registry.clear()

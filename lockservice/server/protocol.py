@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from lockservice.core import wire
+from lockservice.core import groupwire, wire
 from lockservice.internals import END_OF_INPUT, plainSocket, sendNow
 from lockservice.server.admission import (  # noqa: F401 (re-exported for the tests)
     ADDRESS_TABLE_SIZE,
@@ -328,6 +328,11 @@ class LockProtocol(PacedReceiver):
                 self.service.connections.add(self)
                 self.service.stats.connections += 1
         service = self.service
+        if line[:1] == b"G":
+            fields = line.split(b" ")
+            if fields[0] in groupwire.OPS:
+                self._group(fields)
+                return
         try:
             request = wire.parseRequest(line, service.maxLease, service.maxWait)
         except wire.BadRequest as e:
@@ -398,6 +403,19 @@ class LockProtocol(PacedReceiver):
             self.finish(waiter, answer)
         elif self._queued > MAX_QUEUED_ACQUIRES:
             self._updateReading()
+
+    def _group(self, fields: List[bytes]) -> None:
+        """
+        A request of the group extension (see L{lockservice.core.groupwire}).
+        """
+        service = self.service
+        try:
+            request = groupwire.parseGroupRequest(fields, service.maxLease)
+        except wire.BadRequest as e:
+            service.stats.errors += 1
+            self.write(e.answer())
+            return
+        self.write(service.groups.handle(request))
 
     def _withdraw(self, key: bytes) -> None:
         """

@@ -41,6 +41,7 @@ from lockservice.core.table import (
 )
 from lockservice.server.chores import CHUNK_BUDGET, Chores
 from lockservice.server.deadlines import TIMER_BUDGET
+from lockservice.server.groups import GroupService
 from lockservice.server.mirror import Mirroring
 from lockservice.server.monitor import REDIRECT, TIMEOUT, WITHDRAWAL, ActivityObserver
 from lockservice.server.observers import ChangeObserver, Observers
@@ -136,6 +137,8 @@ class LockService(Mirroring, Service):
         timers = self.timers
         self.waits, self.leases, self.alarm = timers.waits, timers.leases, timers.alarm
         self.chores = Chores(clock, self._inTurn, self._internalError)
+        self.groups = GroupService(clock, wallMicros, lambda: self.role,
+                                   lambda: self.activeAddress)
         self.observing = KeyObservers(self.table.newest, self.runInChunks,
                                       lambda work: clock.callLater(0, work), maxObservers)
         # The observed keys, looked at inline by every change.
