@@ -6,7 +6,7 @@ keys"), bytes in and out of the peer links, task.Clock time.
 from __future__ import annotations
 
 from lockservice.core.table import READ
-from tests.test_cluster_unit import Lab, activeWithFollower, lines
+from tests.support.cluster import Lab, activeWithFollower, lines
 
 
 def readers(lab: Lab, key: bytes, count: int) -> list[int]:

@@ -142,7 +142,7 @@ def test_2000_abandoned_acquires_leave_the_queue_and_it_serves_normally(node: No
     node.service.maxWaiters = 2000
     holder, client, other = node.connect(), node.connect(), node.connect()
     holder.ask(b"A hot 30 0")
-    for i in range(2000):
+    for _ in range(2000):
         client.send(b"A hot 30 0\n")
     assert node.service.table.queueLength(b"hot") == 2000
     client.send(b"C hot\n" * 2000)
