@@ -176,8 +176,8 @@ def test_a_heal_keeps_both_sides_groups_and_the_later_lease() -> None:
     lab.ask(b"GCREATE both")
     lab.ask(b"GJOIN both m 10 mine")
     lines(follower)
-    loser = lab.link(1, outbound=False)
-    lab.hear(loser, b"OFFER 1 %d 0" % NOW_US, b"GG theirs %d" % NOW_US,
+    loser = lab.link(2, outbound=False)
+    lab.hear(loser, b"OFFER 2 %d 0" % NOW_US, b"GG theirs %d" % NOW_US,
              b"GM both m %d %d 60000000 theirs" % (NOW_US, NOW_US), b"SYNC")
     registry = lab.locks.groups.registry
     assert sorted(registry.groups) == [b"both", b"ours", b"theirs"]
