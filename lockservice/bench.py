@@ -962,6 +962,55 @@ def httpStall(concurrency: List[int], runs: int = 3, seconds: float = 4.0,
     return result
 
 
+def observers(count: int = 10_000, rounds: int = 3) -> Dict[str, Any]:
+    """
+    C{count} observers of one key wake at once, C{rounds} times, on a lone
+    node and on the active of three: the lock port's worst ping during
+    each wake-up (its median), and how long the wake-up took.
+    """
+    import json as _json
+    import statistics
+    import tempfile
+    import urllib.request
+
+    from lockservice.testing.harness import Cluster, Node, freePort, waitFor
+    from lockservice.testing.observeload import wake
+
+    def statusOf(httpPort: int) -> Any:
+        def read() -> Any:
+            with urllib.request.urlopen(f"http://127.0.0.1:{httpPort}/status",
+                                        timeout=30) as r:
+                return _json.loads(r.read())
+        return read
+
+    result: Dict[str, Any] = {}
+    http = freePort()
+    node = Node(freePort(), logDir=tempfile.mkdtemp(prefix="lockservice-bench-observe-"),
+                args=["--http", f"tcp:{http}:interface=127.0.0.1"])
+    try:
+        node.start()
+        runs = [wake(node.port, statusOf(http), count) for _ in range(rounds)]
+        _say(f"lone node: {runs}")
+        result["lone"] = {"median_worst_ping_ms": statistics.median(
+            r["worst_ping_ms"] for r in runs), "runs": runs}
+    finally:
+        node.stop()
+    https = [freePort() for _ in range(3)]
+    trio = Cluster(3, logDir=tempfile.mkdtemp(prefix="lockservice-bench-observe-"))
+    for member, port in zip(trio.nodes, https, strict=True):
+        member.args = member.args + ["--http", f"tcp:{port}:interface=127.0.0.1"]
+    try:
+        trio.start()
+        waitFor(lambda: statusOf(https[0])()["role"] == "active", 30, what="node0 active")
+        runs = [wake(trio.nodes[0].port, statusOf(https[0]), count) for _ in range(rounds)]
+        _say(f"active of 3: {runs}")
+        result["active_of_3"] = {"median_worst_ping_ms": statistics.median(
+            r["worst_ping_ms"] for r in runs), "runs": runs}
+    finally:
+        trio.stop()
+    return result
+
+
 # -- command line -----------------------------------------------------------------
 
 
@@ -1005,11 +1054,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     w.add_argument("--runs", type=int, default=3)
     w.add_argument("--seconds", type=float, default=4.0)
     w.add_argument("--non-readers", type=int, default=3000)
+    o = sub.add_parser("observers", help="the lock port while 10,000 observers of a key wake")
+    o.add_argument("--count", type=int, default=10_000)
+    o.add_argument("--rounds", type=int, default=3)
     i = sub.add_parser("instructions",
                        help="the monitor's share, in instructions per pair (valgrind)")
     i.add_argument("--pairs", type=int, default=20_000)
     i.add_argument("-c", "--connections", type=int, default=64)
     args = p.parse_args(argv)
+    if args.cmd == "observers":
+        print(json.dumps(observers(args.count, args.rounds), indent=2))
+        return 0
     if args.cmd == "instructions":
         print(json.dumps(instructions(args.pairs, args.connections), indent=2))
         return 0
