@@ -14,6 +14,7 @@ The C{lockservice} command.
     lockservice config check FILE | config show FILE
     lockservice state inspect DIR [--json] | state backup DIR FILE
     lockservice state restore FILE DIR [--force] [--config FILE]
+    lockservice state adopt DIR --config FILE
 
 Connection options: C{--addr host:port,...} (C{;} between clusters),
 C{--cluster host:port,...} (repeated: one per cluster), C{--name NAME},
@@ -844,6 +845,12 @@ def parser() -> argparse.ArgumentParser:
     sr.add_argument("--config", metavar="TOML",
                     help="the node's configuration file: refuse a backup of another "
                          "node or cluster")
+    sa = sdSub.add_parser("adopt", help="make DIR's state file the node's of --config "
+                                        "(after its secret or peer list changed; DIR's "
+                                        "node must be stopped)")
+    sa.add_argument("directory", metavar="DIR")
+    sa.add_argument("--config", metavar="TOML", required=True,
+                    help="the node's configuration file (its secret, peers and node)")
     return p
 
 
@@ -885,9 +892,17 @@ def stateCommand(args: argparse.Namespace) -> int:
             from lockservice import config
             from lockservice.state import clusterIdentity
 
-            options = config.parseFile(args.config, "lockservice state restore")
+            options = config.parseFile(args.config, f"lockservice state {args.state_command}")
             identity = (clusterIdentity(options["secretBytes"], options["peerList"]),
                         options["self"] or "")
+        if args.state_command == "adopt":
+            assert identity is not None
+            done = statetools.adopt(args.directory, *identity)
+            print(f"{done['file']} now belongs to "
+                  f"{done['node'] or 'this lone node'} of the configuration "
+                  f"({'changed' if done['changed'] else 'it did already'}; token mark "
+                  f"{done['token_mark']}, {done['saved_locks']} saved locks)")
+            return EX_OK
         done = statetools.restore(args.file, args.directory, force=args.force,
                                   identity=identity)
         print(f"restored {args.file} to {done['file']} (token mark {done['token_mark']}, "

@@ -355,3 +355,42 @@ def restore(source: str, directory: str, force: bool = False,
         os.close(fd)  # (and the lock with it)
     return {"file": os.path.abspath(target), "node": state.node or None,
             "token_mark": state.mark, "saved_locks": len(state.locks)}
+
+
+def adopt(directory: str, cluster: str, node: str) -> Dict[str, Any]:
+    """
+    Make C{directory}'s state file belong to C{cluster} and C{node} (after
+    the secret or the peer list changed, which changes the cluster's
+    identity): the same state, rewritten for its new owner.
+
+    @raise ToolError: no state file, it does not check, or a node runs on
+        C{directory}.
+    """
+    import fcntl
+
+    from lockservice.state import encode
+
+    path = _stateFile(directory)
+    lockPath = os.path.join(directory, LOCKNAME)
+    try:
+        fd = os.open(lockPath, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise ToolError(f"cannot open {lockPath}: {e.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ToolError(f"{directory} is in use by a running node: stop it first") from None
+        state = check(_read(path, "state file"), f"state file {path}")
+        before = (state.cluster, state.node)
+        state.cluster, state.node = cluster, node
+        info = os.stat(path)
+        owner = (info.st_uid, info.st_gid) if os.geteuid() == 0 else None
+        try:
+            _writeAtomically(path, encode(state), owner)
+        except OSError as e:
+            raise ToolError(f"cannot write {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    return {"file": os.path.abspath(path), "changed": before != (cluster, node),
+            "node": node or None, "token_mark": state.mark, "saved_locks": len(state.locks)}

@@ -203,3 +203,31 @@ def test_backup_of_a_running_node_restored_into_a_fresh_node(tmp_path: Path) -> 
         first.stop()
         second.stop()
     assert os.path.exists(tmp_path / "second" / FILENAME)
+
+
+def test_adopt_rewrites_the_owner_after_a_secret_change(tmp_path: Path) -> None:
+    import fcntl
+
+    from lockservice.state import decode
+
+    saved(tmp_path / "d", node="127.0.0.1:7801")
+    secret = tmp_path / "secret"
+    secret.write_text("state-tools-secret-0123456789abcdef")
+    secret.chmod(0o600)
+    config = tmp_path / "node.toml"
+    config.write_text(f'peers = ["127.0.0.1:7801", "127.0.0.1:7802"]\n'
+                      f'node = "127.0.0.1:7801"\nsecret = "{secret}"\n')
+    new = clusterIdentity(secret.read_bytes().strip(), ["127.0.0.1:7801", "127.0.0.1:7802"])
+    path = tmp_path / "d" / FILENAME
+    with pytest.raises(Exception, match="another cluster"):
+        decode(path.read_bytes(), new, "127.0.0.1:7801")
+    # Not while a node holds the directory.
+    fd = os.open(tmp_path / "d" / LOCKNAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    busy = lockservice("state", "adopt", str(tmp_path / "d"), "--config", str(config))
+    os.close(fd)
+    assert busy.returncode == 1 and "in use by a running node" in busy.stderr
+    result = lockservice("state", "adopt", str(tmp_path / "d"), "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    state = decode(path.read_bytes(), new, "127.0.0.1:7801")
+    assert len(state.locks) == 2 and state.mark == NOW + 600_000_000
