@@ -48,7 +48,8 @@ checksum of everything before it::
     L <key, hex> <token> <deadline, wall us> <granted, wall us> <share> <holder, hex or -> <d or ->
     ...
     G <group, hex> <created, wall us>
-    M <group, hex> <member, hex> <joined, wall us> <updated, wall us> <deadline, wall us> <caps, hex or ->
+    M <group, hex> <member, hex> <joined, wall us> <updated, wall us>
+      <deadline, wall us> <caps, hex or ->            (one line)
     ...
     sha256 <hex digest of every byte above>
 
@@ -330,7 +331,8 @@ def _groupRecord(record: bytes) -> SavedGroup:
             return SavedGroup(group, bytes.fromhex(fields[2].decode("ascii")),
                               _number(fields[3], "member time"), _number(fields[4], "member time"),
                               _number(fields[5], "member deadline"),
-                              b"" if fields[6] == b"-" else bytes.fromhex(fields[6].decode("ascii")))
+                              b"" if fields[6] == b"-"
+                              else bytes.fromhex(fields[6].decode("ascii")))
     except (IndexError, ValueError, UnicodeDecodeError):
         pass
     raise StateError(f"bad group line {record[:60]!r}")

@@ -69,11 +69,13 @@ def joinAsPeer(target, me: str, secret: bytes) -> LineClient:  # type: ignore[no
     nonce = os.urandom(16).hex().encode()
     conn = LineClient(target.port)
     mine, theirs = me.encode(), target.address.encode()
-    answer = conn.ask(b"HELLO 3 %s %s %s" % (mine, theirs, nonce))
-    _, theirNonce, mac = answer.split()
-    assert mac == proof(secret, b"challenge", mine, theirs, nonce, theirNonce)
-    welcome = conn.ask(b"AUTH " + proof(secret, b"auth", mine, theirs, nonce, theirNonce))
-    assert welcome == b"WELCOME " + proof(secret, b"welcome", mine, theirs, nonce, theirNonce)
+    answer = conn.ask(b"HELLO 3-3 %s %s %s" % (mine, theirs, nonce))
+    _, version, theirNonce, mac = answer.split()
+    assert mac == proof(secret, b"challenge " + version, mine, theirs, nonce, theirNonce)
+    welcome = conn.ask(b"AUTH " + proof(secret, b"auth " + version, mine, theirs, nonce,
+                                        theirNonce))
+    assert welcome == b"WELCOME " + proof(secret, b"welcome " + version, mine, theirs, nonce,
+                                          theirNonce)
     return conn
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import Logger
@@ -39,6 +40,7 @@ class Owner:
         self.sources: List[str] = []
         self.lost: List[bool] = []
         self.refused: List[Tuple[str, str]] = []
+        self.versions: List[Tuple[int, Optional[Tuple[int, int]]]] = []
 
     def indexOf(self, entry: bytes) -> Optional[int]:
         return PEERS.index(entry) if entry in PEERS else None
@@ -59,6 +61,9 @@ class Owner:
 
     def handshakeRefused(self, source: str, why: str) -> None:
         self.refused.append((source, why))
+
+    def versionRefused(self, remote: int, theirs: Optional[Tuple[int, int]]) -> None:
+        self.versions.append((remote, theirs))
 
 
 def take(transport: StringTransport) -> List[bytes]:
@@ -160,9 +165,72 @@ def test_a_reflected_challenge_is_not_an_auth() -> None:
     n0 = Owner(0)
     t = StringTransport()
     channel = acceptChannel(n0, t, b"HELLO 3 " + PEERS[1] + b" " + PEERS[0] + b" " + b"ab" * 16)  # type: ignore[arg-type]
-    mac = take(t)[0].split()[2]
+    mac = take(t)[0].split()[3]
     channel.dataReceived(b"AUTH " + mac + b"\n")
     assert take(t) == [b"E * * peer authentication failed"] and n0.up == []
+
+
+@pytest.mark.parametrize("offered, chosen", [
+    (b"3-3", b"3"), (b"3-9", b"3"), (b"1-3", b"3"), (b"3", b"3")])
+def test_the_acceptor_picks_the_newest_version_both_speak(offered: bytes, chosen: bytes) -> None:
+    n0 = Owner(0)
+    t = StringTransport()
+    acceptChannel(n0, t, b"HELLO " + offered + b" " + PEERS[1] + b" " + PEERS[0] + b" "  # type: ignore[arg-type]
+                  + b"ab" * 16)
+    answer = take(t)[0].split()
+    assert answer[:2] == [b"CHALLENGE", chosen] and n0.versions == []
+
+
+@pytest.mark.parametrize("offered, said", [(b"2", (2, 2)), (b"4-7", (4, 7))])
+def test_a_peer_with_no_common_version_is_refused_and_reported_once(
+        offered: bytes, said: Tuple[int, int]) -> None:
+    """
+    A node of lockservice 0.1 (it says a bare 2), or of a release two
+    versions ahead: refused with the reason, and reported to the owner
+    (which logs it once and shows it on /status and /ready).
+    """
+    n0 = Owner(0)
+    t = StringTransport()
+    acceptChannel(n0, t, b"HELLO " + offered + b" " + PEERS[1] + b" " + PEERS[0] + b" "  # type: ignore[arg-type]
+                  + b"ab" * 16)
+    assert take(t) == [b"E * * peer protocol versions %d-%d not spoken here (this node "
+                       b"speaks 3-3)" % said]
+    assert n0.versions == [(1, said)] and n0.failed == []
+
+
+def test_the_dialer_of_a_node_that_speaks_none_of_its_versions_reports_it() -> None:
+    a = Owner(0)
+    t = StringTransport()
+    channel = PeerChannel(a, t, outbound=True, remote=1)  # type: ignore[arg-type]
+    channel.sendHello()
+    take(t)
+    channel.dataReceived(b"E * * peer protocol versions 3-3 not spoken here (this node "
+                         b"speaks 5-6)\n")
+    assert a.versions == [(1, None)] and a.failed == []
+
+
+def test_the_version_is_part_of_the_proof() -> None:
+    """
+    A challenge whose version was changed on the way fails the dialer's
+    check of the acceptor's proof: nobody can talk a link down.
+    """
+    a, b = Owner(0), Owner(1)
+    t0, t1 = StringTransport(), StringTransport()
+    dialer = PeerChannel(a, t0, outbound=True, remote=1)  # type: ignore[arg-type]
+    dialer.sendHello()
+    hello = take(t0)[0]
+    acceptChannel(b, t1, hello)  # type: ignore[arg-type]
+    challenge = take(t1)[0].split()
+    assert challenge[1] == b"3"
+    import lockservice.cluster.peer as peer
+
+    original = peer.PROTOCOL_VERSIONS
+    peer.PROTOCOL_VERSIONS = (2, 3)  # the dialer would also speak 2
+    try:
+        dialer.dataReceived(b" ".join([challenge[0], b"2"] + challenge[2:]) + b"\n")
+    finally:
+        peer.PROTOCOL_VERSIONS = original
+    assert take(t0) == [b"E * * peer authentication failed"] and not dialer.authenticated
 
 
 def test_a_recorded_auth_does_not_replay() -> None:

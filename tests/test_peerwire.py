@@ -124,6 +124,6 @@ def test_shared_lines_carry_their_share() -> None:
 
 def test_the_handshake_lines() -> None:
     assert peerwire.hello(b"2", b"a:1", b"b:2", b"ab" * 16) == b"HELLO 2 a:1 b:2 " + b"ab" * 16
-    assert fields(peerwire.challenge(b"n", b"m")) == [b"CHALLENGE", b"n", b"m"]
+    assert fields(peerwire.challenge(b"3", b"n", b"m")) == [b"CHALLENGE", b"3", b"n", b"m"]
     assert peerwire.auth(b"m") == b"AUTH m" and peerwire.welcome(b"m") == b"WELCOME m"
     assert peerwire.refusal(b"bad peer hello") == b"E * * bad peer hello"

@@ -23,7 +23,7 @@ heals):
 from __future__ import annotations
 
 from math import inf
-from typing import Any, Callable, Dict, List, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from typing import Protocol as TypingProtocol
 
 from twisted.application.internet import ClientService
@@ -33,7 +33,12 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from lockservice.cluster.peer import ChannelOwner, PeerChannel, PeerClientProtocol
+from lockservice.cluster.peer import (
+    PROTOCOL_VERSIONS,
+    ChannelOwner,
+    PeerChannel,
+    PeerClientProtocol,
+)
 from lockservice.internals import QuietClientService
 
 PEER_RETRY = 0.25
@@ -108,6 +113,9 @@ class Links:
         # how many, and the (source, reason) pairs logged already.
         self.refusedHandshakes = 0
         self.refusalsSeen: Set[Tuple[str, str]] = set()
+        # Peers that speak no peer protocol version of ours: j -> the
+        # range they said (None: they refused ours).
+        self.incompatible: Dict[int, Optional[Tuple[int, int]]] = {}
         self.claimedMismatch: Dict[int, float] = {}
         self._services: List[ClientService] = []
 
@@ -218,8 +226,28 @@ class Links:
                           "source and reason; /status counts them)", source=source, why=why,
                           event="handshake_refused")
 
+    def versionRefused(self, j: int, theirs: Optional[Tuple[int, int]]) -> None:
+        """
+        Peer C{j} speaks no peer protocol version of ours (C{theirs}: the
+        range it said, or None when it refused ours): it is a release too
+        old or too new to join this node's cluster.  Logged once, shown on
+        C{/status} and C{/ready} until it links up.
+        """
+        known = j in self.incompatible
+        self.incompatible[j] = theirs
+        if not known:
+            self.log.error(
+                "peer {peer} speaks no peer protocol version of this node ({theirs}; this "
+                "node speaks {ours}): it cannot join until one of them is upgraded "
+                "(adjacent releases interoperate; from lockservice 0.1, a full restart)",
+                peer=self.names[j].decode(), event="peer-version-refused",
+                theirs=(f"versions {theirs[0]}-{theirs[1]}" if theirs is not None
+                        else "it refused ours"),
+                ours=f"{PROTOCOL_VERSIONS[0]}-{PROTOCOL_VERSIONS[1]}")
+
     def channelUp(self, channel: PeerChannel) -> None:
         j = channel.remote
+        self.incompatible.pop(j, None)  # type: ignore[arg-type]
         assert j is not None
         if j in self.mismatchSeen:
             self.mismatchSeen.discard(j)

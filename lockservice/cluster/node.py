@@ -190,6 +190,13 @@ class Cluster(Service):
                 return self.peers[self.leader]
         return None
 
+    @property
+    def incompatiblePeers(self) -> List[str]:
+        """
+        The peers refused for speaking no peer protocol version of ours.
+        """
+        return [self.name(j) for j in self.links.incompatible]
+
     def position(self) -> int:
         if self.role in (ACTIVE, HANDING_OFF):
             return self.stream.position

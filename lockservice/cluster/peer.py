@@ -10,10 +10,19 @@ who connects (C), whom it means to reach (A), and both sides' fresh
 nonces; a label names the step, and so its direction:
 
     connector C                                    acceptor A
-    HELLO 3 <C> <A> <nonceC>                  ->
-                                              <-   CHALLENGE <nonceA> <mac("challenge")>
+    HELLO <lo>-<hi> <C> <A> <nonceC>          ->
+                                              <-   CHALLENGE <v> <nonceA> <mac("challenge")>
     AUTH <mac("auth")>                        ->
                                               <-   WELCOME <mac("welcome")>
+
+The peer protocol has versions: C{HELLO} says the range the connector
+speaks, and the acceptor picks the newest version both speak (C{<v>}, in
+the transcript of every proof, so nobody can talk the link down to
+another one).  A peer with no version in common is refused, once in the
+log and on C{/status} (C{/ready} says so too), never silently: nodes of
+adjacent releases speak a common version, so a cluster is upgraded one
+node at a time.  Version 3 is that of lockservice 0.2; 0.1 spoke 2 only
+(and wrote a bare C{2}), so an upgrade from 0.1 is a full restart.
 
 Why each part is there:
   - both nonces: a recorded handshake fails against a new nonce (replay);
@@ -45,7 +54,8 @@ from lockservice.cluster import peerwire
 from lockservice.internals import plainSocket, readWaiting, unsentProbe, watchSocketError
 from lockservice.tcp import noDelay
 
-PROTOCOL_VERSION = b"3"
+# The peer protocol versions this node speaks, oldest and newest.
+PROTOCOL_VERSIONS = (3, 3)
 HANDSHAKE_TIMEOUT = 5.0
 MAX_PEER_LINE = 1 << 20
 
@@ -94,6 +104,27 @@ class ChannelOwner(TypingProtocol):
 
     def handshakeRefused(self, source: str, why: str) -> None: ...
 
+    def versionRefused(self, remote: int, theirs: Optional[Tuple[int, int]]) -> None: ...
+
+
+def versionRange(field: bytes) -> Optional[Tuple[int, int]]:
+    """
+    C{lo-hi} (or a bare C{v}, as lockservice 0.1 wrote it) as a range.
+    """
+    lo, _, hi = field.partition(b"-")
+    if not lo.isdigit() or not (hi.isdigit() or not hi) or len(field) > 20:
+        return None
+    low, high = int(lo), int(hi or lo)
+    return (low, high) if low <= high else None
+
+
+def commonVersion(theirs: Tuple[int, int], ours: Tuple[int, int]) -> Optional[int]:
+    """
+    The newest version both ranges hold, or None.
+    """
+    newest = min(theirs[1], ours[1])
+    return newest if newest >= max(theirs[0], ours[0]) else None
+
 
 def proof(secret: bytes, step: bytes, connector: bytes, acceptor: bytes,
           nonceC: bytes, nonceA: bytes) -> bytes:
@@ -133,6 +164,8 @@ class PeerChannel:
         self.outbound = outbound
         self.remote = remote
         self.authenticated = False
+        # The peer protocol version this link speaks (chosen in the handshake).
+        self.version = PROTOCOL_VERSIONS[1]
         self.replicating = False
         self.synced = False
         # (inbound) the follower says it applied our snapshot (SYNCED).
@@ -187,16 +220,21 @@ class PeerChannel:
         return (self._nonce, self._theirNonce) if self.outbound else (self._theirNonce, self._nonce)
 
     def _proof(self, step: bytes) -> bytes:
-        return proof(self.cluster.secret, step, *self._names(), *self._nonces())
+        # The version in use is part of every proof's transcript.
+        return proof(self.cluster.secret, step + b" %d" % self.version, *self._names(),
+                     *self._nonces())
 
     def sendHello(self) -> None:
         assert self.remote is not None
-        self.send(peerwire.hello(PROTOCOL_VERSION, self.cluster.myEntry,
+        self.send(peerwire.hello(b"%d-%d" % PROTOCOL_VERSIONS, self.cluster.myEntry,
                                  self.cluster.peers[self.remote], self._nonce))
 
     def _handshake(self, fields: List[bytes]) -> None:
         if self._step == "hello":
-            if len(fields) != 5 or fields[0] != peerwire.HELLO or fields[1] != PROTOCOL_VERSION:
+            if len(fields) != 5 or fields[0] != peerwire.HELLO:
+                return self._refuse(b"bad peer hello")
+            theirs = versionRange(fields[1])
+            if theirs is None:
                 return self._refuse(b"bad peer hello")
             remote = self.cluster.indexOf(fields[2])
             if remote is None or remote == self.cluster.me:
@@ -205,9 +243,17 @@ class PeerChannel:
                 return self._refuse(b"this node is not " + fields[3][:250])
             if not _isNonce(fields[4]) or fields[4] == self._nonce:
                 return self._refuse(b"bad peer hello")
+            version = commonVersion(theirs, PROTOCOL_VERSIONS)
+            if version is None:
+                self.cluster.versionRefused(remote, theirs)
+                return self._refuse(b"peer protocol versions %d-%d not spoken here (this "
+                                    b"node speaks %d-%d)" % (theirs + PROTOCOL_VERSIONS),
+                                    quiet=True)
+            self.version = version
             self.remote = remote
             self._theirNonce = fields[4]
-            self.send(peerwire.challenge(self._nonce, self._proof(b"challenge")))
+            self.send(peerwire.challenge(b"%d" % version, self._nonce,
+                                         self._proof(b"challenge")))
             self._step = "auth"
         elif self._step == "auth":
             # A wrong AUTH, or the refusal of a node that found our proof
@@ -220,12 +266,22 @@ class PeerChannel:
             self.send(peerwire.welcome(self._proof(b"welcome")))
             self._authenticated()
         elif self._step == "challenge":
-            if len(fields) != 3 or fields[0] != peerwire.CHALLENGE:
+            if fields[:1] == [peerwire.REFUSAL] and b"protocol versions" in b" ".join(fields):
+                # It speaks no version of ours (a release too old or too new).
+                assert self.remote is not None
+                self.cluster.versionRefused(self.remote, None)
+                return self._refuse(b"no common peer protocol version", quiet=True)
+            if len(fields) != 4 or fields[0] != peerwire.CHALLENGE:
                 return self._refuse(b"bad challenge")
-            if not _isNonce(fields[1]) or fields[1] == self._nonce:
+            chosen = versionRange(fields[1])
+            if chosen is None or chosen[0] != chosen[1] or not (
+                    PROTOCOL_VERSIONS[0] <= chosen[0] <= PROTOCOL_VERSIONS[1]):
                 return self._refuse(b"bad challenge")
-            self._theirNonce = fields[1]
-            if not hmac.compare_digest(fields[2], self._proof(b"challenge")):
+            if not _isNonce(fields[2]) or fields[2] == self._nonce:
+                return self._refuse(b"bad challenge")
+            self.version = chosen[0]
+            self._theirNonce = fields[2]
+            if not hmac.compare_digest(fields[3], self._proof(b"challenge")):
                 return self._refuse(b"peer authentication failed", mismatch=True)
             self.send(peerwire.auth(self._proof(b"auth")))
             self._step = "welcome"
@@ -240,9 +296,11 @@ class PeerChannel:
         self._cancelTimeout()
         self.cluster.channelUp(self)
 
-    def _refuse(self, why: bytes, mismatch: bool = False) -> None:
+    def _refuse(self, why: bytes, mismatch: bool = False, quiet: bool = False) -> None:
         self._cancelTimeout()
-        if self.remote is not None and mismatch:
+        if quiet:
+            pass  # the owner was told already (a version refusal)
+        elif self.remote is not None and mismatch:
             # The owner logs a mismatch once per peer, not once per retry.
             # Inbound, the identity is only claimed: say where it came from.
             peer = self.transport.getPeer()  # type: ignore[attr-defined]

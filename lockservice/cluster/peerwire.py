@@ -4,8 +4,8 @@ The peer line format: every line a peer channel carries, built and
 parsed here and nowhere else, as L{lockservice.core.wire} is for clients.
 First the handshake (its rules and proofs are L{lockservice.cluster.peer}):
 
-    HELLO <version> <connector> <acceptor> <nonce>
-    CHALLENGE <nonce> <mac>   AUTH <mac>   WELCOME <mac>
+    HELLO <lo>-<hi> <connector> <acceptor> <nonce>
+    CHALLENGE <version> <nonce> <mac>   AUTH <mac>   WELCOME <mac>
     E * * <why>                             a refusal, and the link closes
 
 then, once authenticated:
@@ -129,8 +129,8 @@ def hello(version: bytes, connector: bytes, acceptor: bytes, nonce: bytes) -> by
     return b" ".join([HELLO, version, connector, acceptor, nonce])
 
 
-def challenge(nonce: bytes, mac: bytes) -> bytes:
-    return b" ".join([CHALLENGE, nonce, mac])
+def challenge(version: bytes, nonce: bytes, mac: bytes) -> bytes:
+    return b" ".join([CHALLENGE, version, nonce, mac])
 
 
 def auth(mac: bytes) -> bytes:

@@ -9,7 +9,7 @@ heal's offer are handed on whole, to be applied in bulk.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from twisted.logger import Logger
 
@@ -83,6 +83,9 @@ class Receiver:
 
     def handshakeRefused(self, source: str, why: str) -> None:
         self.links.handshakeRefused(source, why)
+
+    def versionRefused(self, remote: int, theirs: Optional[Tuple[int, int]]) -> None:
+        self.links.versionRefused(remote, theirs)
 
     def channelUp(self, channel: PeerChannel) -> None:
         self.links.channelUp(channel)

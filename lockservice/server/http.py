@@ -120,6 +120,8 @@ def status(locks: LockService, cluster: Optional[ClusterView],
         # node): counted here, logged once per source and reason.
         data["refused_handshakes"] = getattr(getattr(cluster, "links", None),
                                              "refusedHandshakes", 0)
+        # Peers refused for speaking no peer protocol version of ours.
+        data["incompatible_peers"] = list(getattr(cluster, "incompatiblePeers", []))
     if monitor is not None:
         data["warn_hold_seconds"] = monitor.warnHold
         data["long_holds"] = monitor.currentLongHolds()
