@@ -188,6 +188,9 @@ class Node:
         self.name = name or f"node-{port}"
         self.process: Optional[subprocess.Popen[bytes]] = None
         self.starts = 0
+        # Extra environment of the process (e.g. PYTHONPATH naming another
+        # release's source tree, for an upgrade test).
+        self.env: Dict[str, str] = {}
 
     def command(self) -> List[str]:
         cmd = self.prefix + [
@@ -223,7 +226,7 @@ class Node:
         with open(os.path.join(self.logDir, f"{self.name}.stderr"), "ab") as stderr:
             self.process = subprocess.Popen(
                 self.command(),
-                env=twistdEnvironment(),
+                env={**twistdEnvironment(), **self.env},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,

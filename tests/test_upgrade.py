@@ -1,0 +1,142 @@
+"""
+A rolling upgrade for real: a 3-node cluster of an earlier release (the
+commit named in tests/upgrade-from.txt: the first that negotiates the peer
+protocol) upgraded one node at a time to this tree, under a steady load of
+lockers.  No answered change is lost and every key's fencing tokens rise
+throughout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tarfile
+import threading
+import time
+from io import BytesIO
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from lockservice.client import sync
+from lockservice.client.errors import LockError
+from lockservice.testing.harness import Cluster, Node, probeRole, waitFor
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCKERS = 6
+
+
+def earlierRelease(into: Path) -> Path:
+    """
+    The source tree of the commit named in upgrade-from.txt, extracted
+    from this repository's history.
+    """
+    commit = (ROOT / "tests" / "upgrade-from.txt").read_text().split()[0]
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit],
+                                 capture_output=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.fail(f"cannot read commit {commit} from the repository's history: {e}")
+    tree = into / "earlier"
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+class Lockers:
+    """
+    Threads that acquire and release their own key over and over through
+    the client (it follows redirects and failovers), checking that every
+    key's tokens rise and that no answered grant is lost (its release,
+    within its lease, must answer OK).
+    """
+
+    def __init__(self, addresses: str) -> None:
+        self.client = sync.connect(addresses, name="upgrade")
+        self.stop = threading.Event()
+        self.grants = 0
+        self.released = 0
+        self.lost: List[str] = []
+        self.fallen: List[str] = []
+        self.lastToken: Dict[str, int] = {}
+        self.threads = [threading.Thread(target=self._run, args=(f"up/{i}",), daemon=True)
+                        for i in range(LOCKERS)]
+
+    def start(self) -> "Lockers":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def _run(self, key: str) -> None:
+        while not self.stop.is_set():
+            try:
+                lock = self.client.acquire(key, lease=30, wait=10)
+            except LockError:
+                time.sleep(0.05)  # no active for a moment (a handoff): try again
+                continue
+            self.grants += 1
+            if lock.token <= self.lastToken.get(key, 0):
+                self.fallen.append(f"{key}: {lock.token} after {self.lastToken[key]}")
+            self.lastToken[key] = lock.token
+            time.sleep(0.01)
+            try:
+                if lock.release():
+                    self.released += 1
+                else:
+                    self.lost.append(f"{key} {lock.token}: release answered STALE")
+            except LockError as e:
+                self.lost.append(f"{key} {lock.token}: release failed: {e}")
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+        self.client.close()
+
+
+def test_a_cluster_upgraded_one_node_at_a_time_under_load_loses_nothing(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    earlier = earlierRelease(tmp_path)
+    c = Cluster(3, logDir=str(tmp_path))
+    for node in c.nodes:
+        node.env = {"PYTHONPATH": os.pathsep.join(
+            [str(earlier)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                              if p])}
+    c.start()
+    lockers = None
+    try:
+        waitFor(lambda: [probeRole(n.port) for n in c.nodes]
+                == ["active", "M " + c.nodes[0].address, "M " + c.nodes[0].address],
+                30, what="the earlier release's cluster settled")
+        for node in c.nodes:  # they do run the earlier tree
+            with open(f"/proc/{node.pid}/environ", "rb") as f:
+                assert b"PYTHONPATH=" + str(earlier).encode() in f.read()
+        lockers = Lockers(",".join(c.addresses())).start()
+        waitFor(lambda: lockers.grants >= 50, 30, what="lockers running")
+
+        def upgrade(node: Node) -> None:
+            before = lockers.grants
+            node.signal(signal.SIGTERM)
+            assert node.process is not None and node.process.wait(20) in (0, -signal.SIGTERM)
+            node.env = {}  # this tree
+            node.start(wait=True, timeout=30)
+            waitFor(lambda: lockers.grants >= before + 50, 60,
+                    what=f"lockers served after {node.name}'s upgrade")
+
+        for node in reversed(c.nodes):  # the lowest priority first; the active last
+            upgrade(node)
+        waitFor(lambda: probeRole(c.nodes[0].port) == "active", 30,
+                what="node0 active again, on this tree")
+    finally:
+        if lockers is not None:
+            lockers.finish()
+        c.stop()
+    print(f"{lockers.grants} grants and {lockers.released} releases answered during the "
+          f"upgrade; lost {len(lockers.lost)}, tokens fallen {len(lockers.fallen)}")
+    assert lockers.lost == [], lockers.lost[:5]
+    assert lockers.fallen == [], lockers.fallen[:5]
+    assert lockers.grants > 200
