@@ -2,4 +2,4 @@
 lockservice: a distributed lock service with FIFO queues and fencing tokens.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
