@@ -188,9 +188,11 @@ class Node:
         self.name = name or f"node-{port}"
         self.process: Optional[subprocess.Popen[bytes]] = None
         self.starts = 0
-        # Extra environment of the process (e.g. PYTHONPATH naming another
-        # release's source tree, for an upgrade test).
+        # Extra environment of the process, and its working directory
+        # (another release's source tree, for an upgrade test: the working
+        # directory comes first in the child's sys.path).
         self.env: Dict[str, str] = {}
+        self.cwd: Optional[str] = None
 
     def command(self) -> List[str]:
         cmd = self.prefix + [
@@ -227,6 +229,7 @@ class Node:
             self.process = subprocess.Popen(
                 self.command(),
                 env={**twistdEnvironment(), **self.env},
+                cwd=self.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
