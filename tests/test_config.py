@@ -82,7 +82,8 @@ def test_every_option_is_a_key() -> None:
     The keys are the options of the Options class: an option added there
     is a key of the file at once.
     """
-    long = {str(p[0]) for p in Options.optParameters} | {str(f[0]) for f in getattr(Options, "optFlags", [])}
+    long = ({str(p[0]) for p in Options.optParameters}
+            | {str(f[0]) for f in getattr(Options, "optFlags", [])})
     assert set(config.settings(Options)) == long - {"config"}
     assert set(config.settings(Options)) >= {
         "listen", "http", "peers", "node", "secret", "state-dir", "replication", "lock-delay",

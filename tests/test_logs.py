@@ -61,7 +61,7 @@ def test_values_json_has_no_type_for_become_text() -> None:
 
 def test_a_failure_carries_its_traceback() -> None:
     try:
-        1 / 0
+        raise ZeroDivisionError("division by zero")
     except ZeroDivisionError:
         failure = Failure()
     [event] = capture(lambda: Logger().failure("it broke", failure, event="oops"))
@@ -229,8 +229,8 @@ def test_cluster_events_have_names_and_fields(cluster, tmp_path: Path) -> None: 
 
 
 def test_a_failed_state_save_is_a_named_event(tmp_path: Path) -> None:
-    from tests.test_health import brokenState
     from tests.support.protocol import Node as ProtocolNode
+    from tests.test_health import brokenState
 
     node = ProtocolNode()
     state, _ = brokenState(node, tmp_path)

@@ -142,8 +142,8 @@ def test_restore_checks_the_node_of_a_config(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text(f'peers = ["127.0.0.1:7801", "127.0.0.1:7802"]\n'
                       f'node = "127.0.0.1:7801"\nsecret = "{secret}"\n')
-    result = lockservice("state", "restore", "--config", str(config), str(tmp_path / "d" / FILENAME),
-                         str(tmp_path / "new"))
+    result = lockservice("state", "restore", "--config", str(config),
+                         str(tmp_path / "d" / FILENAME), str(tmp_path / "new"))
     assert result.returncode == 1 and "belongs to another cluster" in result.stderr
 
 

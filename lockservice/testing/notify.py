@@ -65,7 +65,7 @@ class NotifyListener:
         try:
             data, ancillary, _, _ = self.socket.recvmsg(
                 65536, socket.CMSG_SPACE(struct.calcsize("iII")))
-        except (socket.timeout, BlockingIOError):
+        except (TimeoutError, BlockingIOError):
             return None
         pid = -1
         for level, kind, value in ancillary:
@@ -90,9 +90,9 @@ class NotifyListener:
             if left <= 0:
                 raise TimeoutError(f"no {what} within {timeout} s; got: "
                                    + repr([(m.pid, m.assignments) for m in self.messages][-20:]))
-            message = self.receive(left)
-            if message is not None and predicate(message):
-                return message
+            received = self.receive(left)
+            if received is not None and predicate(received):
+                return received
 
     def drain(self, seconds: float) -> None:
         """
