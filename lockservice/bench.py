@@ -452,7 +452,7 @@ def suite(duration: float, conns: List[int], depth: int, cluster: bool = True,
 def ratios(duration: float, rounds: int = 3, out=print,  # type: ignore[no-untyped-def]
            cluster: bool = True) -> Dict[str, Any]:
     """
-    The targets of issue 20, as ratios measured side by side: the single
+    The speed targets, as ratios measured side by side: the single
     node (operator's view on) against the echo server's round trips ÷ 2
     (uncontended, C=64), against dflockd (uncontended C=64, contended
     C=16), the monitor's share of server CPU per pair (the same node with
@@ -915,7 +915,7 @@ def sync(keys: int, peerTimeout: float = 1.0) -> Dict[str, Any]:
 def httpStall(concurrency: List[int], runs: int = 3, seconds: float = 4.0,
               nonReaders: int = 3000) -> Dict[str, Any]:
     """
-    Issue 21 item 2: a node with 20,000 held keys (1,000 with 5 waiters);
+    A node with 20,000 held keys (1,000 with 5 waiters);
     for each C{concurrency}, that many clients asking for
     C{/locks?limit=1000&waiters=1000} over and over (plus 8 for /status
     and /events) for C{seconds}, C{runs} times: the median of each run's
@@ -1049,7 +1049,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     y = sub.add_parser("sync", help="a standby joining an active that holds many keys")
     y.add_argument("--keys", type=int, default=1_000_000)
     y.add_argument("--peer-timeout", type=float, default=1.0)
-    w = sub.add_parser("http", help="lock-port stalls under heavy HTTP pages (issue 21)")
+    w = sub.add_parser("http", help="lock-port stalls under heavy HTTP pages")
     w.add_argument("--concurrency", default="16,64,128")
     w.add_argument("--runs", type=int, default=3)
     w.add_argument("--seconds", type=float, default=4.0)

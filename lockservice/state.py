@@ -14,7 +14,7 @@ Two things survive a restart:
     crashes and restarts in a loop moves its tokens ahead of the clock by
     about a second per restart, not by ten minutes.)  After a restart
     C{last_token} starts at the mark: tokens keep rising whatever the
-    clock says (SPEC section 2's C{max(last_token + 1, now)} with
+    clock says (a token is C{max(last_token + 1, now)} with
     C{last_token} restored).  Cluster terms follow the same mark.
   - the held locks, written by a node that stops gracefully with nobody to
     hand them to (a lone node, or the last active of a cluster): keys,

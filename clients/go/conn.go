@@ -234,7 +234,7 @@ func (c *conn) dispatch(f []string) {
 	q := c.pending[pk]
 	if len(q) == 0 && f[0] == "E" {
 		// An error we cannot pair exactly: a node that does not know the
-		// op (C or O before v4) may answer "E * key ...".
+		// op (C or O, on an older node) may answer "E * key ...".
 		for _, op := range []byte{'C', 'O', 'A', 'R', 'N'} {
 			if (pk.op == '*' || pk.op == op) && (len(c.pending[pairKey{op, pk.key}]) > 0) {
 				pk = pairKey{op, pk.key}

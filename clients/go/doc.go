@@ -25,5 +25,5 @@
 // ErrCancelled and ErrLost.
 //
 // The wire protocol and the behaviour every official client shares are in
-// the project's SPEC (sections 3 and 5).
+// the lockservice repository's docs/protocol.md.
 package lockservice

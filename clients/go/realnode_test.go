@@ -136,7 +136,7 @@ func TestRealWithdrawOnCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := c3.Acquire(ctx, "k", AcquireOptions{Lease: 30 * time.Second, Wait: 2 * time.Second}); err != nil {
-		t.Fatalf("key not free after the withdrawal (needs v4 C): %v", err)
+		t.Fatalf("key not free after the withdrawal (needs C): %v", err)
 	}
 }
 
@@ -155,7 +155,7 @@ func TestRealObserve(t *testing.T) {
 		select {
 		case st, ok := <-o.C:
 			if !ok {
-				t.Fatalf("observer ended (needs v4 O): %v", o.Err())
+				t.Fatalf("observer ended (needs O): %v", o.Err())
 			}
 			return st
 		case <-time.After(bound):
@@ -196,7 +196,7 @@ func TestRealElection(t *testing.T) {
 	}
 	ld, err := b.Leader(ctx, "leader")
 	if err != nil || ld.Value != "alpha" || ld.Token != la.Token() {
-		t.Fatalf("leader %+v %v (needs v4 O and names at grant time)", ld, err)
+		t.Fatalf("leader %+v %v (needs O and names at grant time)", ld, err)
 	}
 	won := make(chan *Leadership, 1)
 	go func() {

@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 )
 
-// MaxKey is the longest key, name or election in bytes (SPEC §3).
+// MaxKey is the longest key, name or election in bytes.
 const MaxKey = 250
 
 // MaxSlots is the largest semaphore.
@@ -49,7 +49,7 @@ func formatSeconds(d time.Duration) string {
 	return s + "." + f
 }
 
-// Share says how a key is shared (SPEC §2): Exclusive (the zero value),
+// Share says how a key is shared: Exclusive (the zero value),
 // Read, or Semaphore(n).
 type Share int
 

@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_client -*-
 """
-A Deferred-returning client for Twisted applications (SPEC section 5).
+A Deferred-returning client for Twisted applications.
 
     client = connect(reactor, ["10.0.0.1:7700", "10.0.0.2:7700"], name="billing")
     lock = yield client.acquire("orders/42", lease=30, wait=5, keepAlive=True)
@@ -129,7 +129,7 @@ def checkShare(share: Share) -> Share:
 def shareField(share: Share) -> bytes:
     """
     The optional fifth field of C{A} for a normalised share: nothing for an
-    exclusive acquire, so exclusive requests stay byte-identical to SPEC v2.
+    exclusive acquire, so exclusive requests stay the four-field line every node reads.
     """
     if share is None:
         return b""

@@ -1,6 +1,7 @@
 # -*- test-case-name: tests.test_fencing -*-
 """
-The resource side of fencing (SPEC section 4).
+The resource side of fencing: the protected resource keeps the highest
+token it has seen and refuses a write that carries a lower one.
 
 A lock service without consensus can, inside a failover or partition
 window, let two clients believe they hold the same key.  The protected

@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_client -*-
 """
-The connections of one cluster, kept up in the background (SPEC section 5).
+The connections of one cluster, kept up in the background.
 
 One persistent connection per address -- two when the cluster is a single
 address, so that a brief drop of one does not interrupt service -- used

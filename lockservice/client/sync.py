@@ -9,8 +9,8 @@ The blocking face of the client, for code that is not a Twisted program
     with client.lock("orders/42", lease=30, wait=5) as lock:
         write_order(fence=lock.token)        # lock.lost: a threading.Event
 
-It is the Twisted client (L{lockservice.client.api}: every SPEC section 5
-behaviour) run on a private reactor in one background daemon thread
+It is the Twisted client (L{lockservice.client.api}: every behaviour of
+docs/client.md) run on a private reactor in one background daemon thread
 (L{lockservice.client.background}); each call waits for its answer in the
 calling thread.  One client is meant to be shared by all the threads of a
 process.  A client cannot cross a C{fork()}: make clients after it.

@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_cluster_unit -*-
 """
-Whether this node may trust its own clock (SPEC section 4, v3: "a node
-that cannot trust its own clock never serves beside its peers").
+Whether this node may trust its own clock (a node that cannot trust its
+own clock never serves beside its peers).
 
 Terms and tokens follow the microsecond clock, so a peer's heartbeat
 whose term or token is more than L{PLAUSIBLE_AHEAD} beyond our clock is

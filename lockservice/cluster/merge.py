@@ -1,8 +1,8 @@
 # -*- test-case-name: tests.test_cluster_unit -*-
 """
 The heal merge: what the side that loses a heal brings the winner, and
-the per-grant rules the winner applies (SPEC section 4, "healing merges,
-it does not wipe", v3).
+the per-grant rules the winner applies (a heal merges the two sides'
+grants; it does not wipe the loser's).
 
 The offer, one line each (built and parsed in
 L{lockservice.cluster.peerwire}), sent before the loser's C{SYNC} so the

@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_cluster_unit -*-
 """
 The cluster layer: this node's membership of a priority-ordered cluster
-(SPEC section 4).  L{Cluster} alone changes this node's role, term and
+(docs/cluster.md).  L{Cluster} alone changes this node's role, term and
 leader; its collaborators tell it what happened through the small
 interfaces of L{lockservice.cluster.interfaces}:
 

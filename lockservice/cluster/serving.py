@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_serving -*-
 """
-When an active node may serve its clients (SPEC section 4): the serving
+When an active node may serve its clients: the serving
 gate.
 
 An active node serves client changes only while every live peer it

@@ -23,8 +23,7 @@ MAX_TOKEN = 2**64 - 1
 # for the end of grant C{token}.
 Change = Tuple[bytes, int, float, Optional[float], int, Optional[bytes], bool]
 
-# How an acquire shares its key (the fifth field of C{A}, SPEC section 2
-# "Shared keys"); lockservice.core.wire parses it into these.
+# How an acquire shares its key (the fifth field of C{A}); lockservice.core.wire parses it into these.
 EXCLUSIVE = 1  # one holder at a time: the writer of a read-write key
 READ = 0  # a reader of a read-write key; any other int n is a semaphore of n
 # A key's kind: READ_WRITE (taken by EXCLUSIVE and READ acquires) or the
@@ -51,7 +50,7 @@ def fitTogether(grants: List[Tuple[int, int]]) -> List[int]:
     semaphore of n).  The highest token sets the key's kind; a grant of
     another kind (or another slot count) never fits.  So when both sides'
     grants fit together all are kept, and otherwise the side with the
-    highest token keeps its own (SPEC section 2, "Shared keys").
+    highest token keeps its own.
 
     @return: the tokens kept, highest first.
     """

@@ -814,7 +814,7 @@ def _discard(index: Dict[Any, Set[CycleId]], at: Any, cid: CycleId) -> None:
             del index[at]
 
 
-# -- shared keys: who a waiter waits for (issue 22) ---------------------------
+# -- shared keys: who a waiter waits for ------------------------------------
 #
 # With read locks and semaphores a waiter may wait for several clients at
 # once, in one of two ways:

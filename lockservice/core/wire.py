@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_protocol -*-
 """
-Parsing and formatting of the client line protocol (SPEC section 3).
+Parsing and formatting of the client line protocol (docs/protocol.md).
 
 Pure functions over bytes; nothing here knows about connections.
 """
@@ -37,7 +37,7 @@ class BadRequest(Exception):
         return b"E " + self.op + b" " + self.key + b" " + self.message.encode() + b"\n"
 
 
-# How an acquire shares its key (SPEC section 2, "Shared keys"): the fifth
+# How an acquire shares its key: the fifth
 # field of C{A}, as a small int so that a waiter keeps it unboxed.
 EXCLUSIVE = 1  # no fifth field, or 1: one holder at a time (a writer)
 READ = 0  # "r": any number of readers, no writer meanwhile
@@ -272,7 +272,7 @@ def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
     """
     Parse one request line (without its line ending).
 
-    @raise BadRequest: for anything SPEC section 3 calls a bad request.
+    @raise BadRequest: for a malformed line (answered C{E <code>}).
     """
     fields = line.split(b" ")
     op = fields[0]

@@ -6,7 +6,7 @@ Connections: at most C{maxConnections} client connections at once; past
 that a new connection is admitted "on probation" (it may be a peer, which
 shares the client port) or refused.
 
-STALE policing (SPEC section 7): a connection collecting more than
+STALE policing (a token guesser must not be able to probe for long): a connection collecting more than
 L{STALE_LIMIT} STALE answers (to R or N) within L{STALE_WINDOW} seconds is
 guessing tokens and is closed.  That limit is per connection: a neighbour's
 STALE answers never close, refuse or delay a live connection (many honest

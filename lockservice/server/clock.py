@@ -2,7 +2,8 @@
 """
 Time sources.
 
-Leases and waits must follow a monotonic clock (SPEC section 2), but a
+Leases and waits must follow a monotonic clock (a wall-clock step must
+never end or stretch a lease), but a
 Twisted reactor schedules C{callLater} on C{reactor.seconds()}, which is the
 wall clock.  L{useMonotonicTime} switches a reactor to C{time.monotonic} so
 every timer, ours and Twisted's, ignores wall-clock steps.  Fencing tokens

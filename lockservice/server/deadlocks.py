@@ -28,7 +28,7 @@ CHECK_BUDGET = 5000
 # A wait enters the wait-for graph once it has lasted this long: nearly
 # every wait of a busy key is shorter (a hand-off takes about 0.1 ms), and
 # costs the graph nothing then (about a tenth of a contended hand-off's
-# server CPU, issue 20).  A deadlock lasts until a lease ends it: it is
+# server CPU).  A deadlock lasts until a lease ends it: it is
 # found this much later, and no wait it consists of is missed.
 WAIT_ENTERS_AFTER = 0.05
 # Waits entered into the graph per reactor turn (a burst of 100,000).
@@ -163,7 +163,7 @@ class DeadlockChecks:
 
     # Changes only note what to check; the search runs on a later reactor
     # turn, a budget of edges at a time, so a burst of thousands of waits
-    # never holds up other clients (SPEC section 7).
+    # never holds up other clients.
 
     def soon(self) -> None:
         """

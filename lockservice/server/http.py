@@ -321,7 +321,7 @@ def dashboard(locks: LockService, cluster: Optional[ClusterView], monitor: Monit
 # a waiter listed 1, an event 1), and one Cooperator shared by every
 # request of the endpoint runs the steps of all answers in turn, at most
 # SLICE seconds per reactor turn: whatever the number of pages asked for
-# at once, the lock port waits at most one slice (SPEC section 7).  A
+# at once, the lock port waits at most one slice.  A
 # step runs only while the HTTP connection can take more (its producer
 # is not paused), so an answer nobody reads costs its connection a small
 # send buffer, not the whole page.

@@ -43,7 +43,7 @@ class Buckets(Collector):
     A histogram counted in a plain list: one C{bisect} and two additions per
     observation, where prometheus_client's C{Histogram.observe} takes a
     lock per bucket it passes (about 2 µs; two per acquire and release on
-    a node with C{--http}, issue 20).  Rendered at scrape time exactly as
+    a node with C{--http}).  Rendered at scrape time exactly as
     that Histogram renders (C{le} inclusive, cumulative counts).
 
     @ivar counts: per bucket, the observations up to its bound (and above

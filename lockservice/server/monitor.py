@@ -145,7 +145,7 @@ class Lane:
     appends the entry to C{log} exactly as L{Monitor.granted} and
     L{Monitor.dropped} would, and calls the monitor only when there is
     more to do than the note.  A grant and a release are two calls fewer
-    per pair: the view's largest cost after the fold (issue 20).
+    per pair: the view's largest cost after the fold.
 
     @ivar log: the monitor's change log (L{ChangeLog.log}).
     @ivar noteOnly: True while a note is all a change needs, unless the

@@ -13,7 +13,7 @@ service's internal-error counter.
 Activity observers are attached with L{Observers.attach}.  The monitor is
 told of grants and releases through its L{Lane}: the fan-out appends the
 note to the monitor's log itself and calls it only when the change needs
-more than a note, which saves two calls per acquire and release (issue 20).
+more than a note, which saves two calls per acquire and release.
 """
 
 from __future__ import annotations

@@ -485,7 +485,7 @@ class LockProtocol(PacedReceiver):
         """
         Answer an acquire of C{key} refused before it reached the service
         (malformed) behind this connection's earlier acquires of C{key}:
-        equal (op, key) are answered in send order (SPEC section 3).
+        equal (op, key) are answered in send order (clients pair answers so).
         """
         refused = PendingAcquire(key, 0.0, self)
         self._pending[key].append(refused)

@@ -1,6 +1,6 @@
 """
 HTTP load against a node while its lock port is pinged: the heavy pages
-issue 21 item 2 froze a node with (C{/locks?limit=1000&waiters=1000} on
+that once froze a node (C{/locks?limit=1000&waiters=1000} on
 20,000 held keys, 1,000 of them with 5 waiters), many at once, and
 clients that ask for big answers and never read them.
 

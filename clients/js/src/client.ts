@@ -1,5 +1,5 @@
 /**
- * The lockservice client (SPEC §5).
+ * The lockservice client.
  *
  *     const client = connect("10.0.0.1:7700,10.0.0.2:7700", { name: "billing" });
  *     const lock = await client.acquire("orders/42", { lease: 30, wait: 5 });

@@ -1,7 +1,7 @@
 /**
  * One connection to a node: the line protocol of the client port,
  * pipelined. Requests are written at once; answers are paired with requests
- * by the echoed (op, key), in send order for equal pairs (SPEC §3).
+ * by the echoed (op, key), in send order for equal pairs.
  */
 
 import * as net from "node:net";
@@ -41,7 +41,7 @@ export class Connection {
   closeReason = "";
   /** Called once when the connection closes (after it was ready or not). */
   onClose: ((conn: Connection) => void) | null = null;
-  /** Keys with an outstanding `A` / `O` on this connection (SPEC §5: at most one each). */
+  /** Keys with an outstanding `A` / `O` on this connection (at most one each). */
   readonly outstandingA = new Set<string>();
   readonly outstandingO = new Set<string>();
   /** Closing once the pending answers are in (a redirect moved this slot away). */

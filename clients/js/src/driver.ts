@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * The conformance driver (SPEC §5, "Conformance driver (v4)"):
+ * The conformance driver ("Conformance driver" in docs/protocol.md):
  *
  *     node dist/driver.js --addrs HOST:PORT[,HOST:PORT...] [--name NAME]
  *                         [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]

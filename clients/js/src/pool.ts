@@ -1,6 +1,6 @@
 /**
- * The connections to the nodes of one cluster, kept up in the background
- * (SPEC §5): one per address, two when given a single address; used
+ * The connections to the nodes of one cluster, kept up in the background:
+ * one per address, two when given a single address; used
  * round-robin; a connection that is down is skipped and redialled every 3 s.
  */
 
@@ -274,7 +274,7 @@ export class Pool {
 
   /**
    * A connected slot with no outstanding `kind` request of `key`, marked as
-   * having one now (SPEC §5: at most one outstanding `A` and one `O` per key
+   * having one now (at most one outstanding `A` and one `O` per key
    * per connection). Waits its turn (FIFO) while every connection has one.
    * Resolves null when no connection is up at all.
    */

@@ -1,5 +1,5 @@
 /**
- * The wire grammar of the client port (SPEC §3): keys, seconds, tokens,
+ * The wire grammar of the client port: keys, seconds, tokens,
  * shares, and the pairing of answers with requests.
  */
 

@@ -1,5 +1,5 @@
 /**
- * The conformance driver (SPEC §5) against the fake node.
+ * The conformance driver against the fake node.
  */
 
 import assert from "node:assert/strict";

@@ -1,7 +1,7 @@
 /**
  * A fake lockservice node for tests: it records every line it receives
  * (per connection, with the time), and answers them with a small model of
- * SPEC v4 (exclusive, read and semaphore keys, FIFO queues, waits, leases,
+ * the protocol (exclusive, read and semaphore keys, FIFO queues, waits, leases,
  * `C` withdraw, `O` observe with holder names, `I`, `P`), unless a test's
  * hook answers first. It can play a standby (`M` redirects), stall, drop
  * connections, stop listening, and speak TLS.
@@ -233,7 +233,7 @@ interface Observer {
   timer: NodeJS.Timeout | null;
 }
 
-/** A small model of a v4 active node. */
+/** A small model of an active node. */
 export class Model {
   nextToken = 1796000000000000n;
   /** Set to skip leases' expiry (tests that hold keys for long). */

@@ -85,7 +85,7 @@ if (!TWISTD) {
       }
     });
 
-    test("cancel (v4): the pending acquire is withdrawn with C, nothing leaks", async () => {
+    test("cancel: the pending acquire is withdrawn with C, nothing leaks", async () => {
       const holder = connect(node.address, { name: "holder" });
       const c = connect(node.address, { name: "canceller" });
       const third = connect(node.address, { name: "third" });
@@ -111,7 +111,7 @@ if (!TWISTD) {
       }
     });
 
-    test("observe (v4): the holder now and each change, with holder names", async () => {
+    test("observe: the holder now and each change, with holder names", async () => {
       const watcher = connect(node.address);
       const worker = connect(node.address, { name: "worker-7" });
       const controller = new AbortController();
@@ -139,7 +139,7 @@ if (!TWISTD) {
       }
     });
 
-    test("elections (v4): campaign, leader, a waiting candidate, resign", async () => {
+    test("elections: campaign, leader, a waiting candidate, resign", async () => {
       const a = connect(node.address, { name: "a" });
       const b = connect(node.address, { name: "b" });
       try {

@@ -1,5 +1,5 @@
-// Command lockservice-driver is the Go client's conformance driver (SPEC §5,
-// "Conformance driver (v4)"): JSON-lines commands on stdin, results and
+// Command lockservice-driver is the Go client's conformance driver (the
+// "Conformance driver" of docs/protocol.md): JSON-lines commands on stdin, results and
 // events on stdout, run concurrently.
 //
 //	lockservice-driver --addrs HOST:PORT[,HOST:PORT...] [--name NAME]

@@ -481,9 +481,9 @@ func TestDriverRealNode(t *testing.T) {
 	}
 	q.send(`{"id":1,"op":"observe","key":"k","token":"0","wait":5}`)
 	if r, _ := q.result(1); r["ok"] != true || r["token"] != tok || !strings.HasPrefix(r["holder"].(string), "drv#") {
-		t.Fatalf("observe (v4 O): %v", r)
+		t.Fatalf("observe (O): %v", r)
 	}
-	// A queued acquire, cancelled: withdrawn (v4 C), so after the release
+	// A queued acquire, cancelled: withdrawn (C), so after the release
 	// the key is free for a third party at once.
 	q.send(`{"id":2,"op":"acquire","key":"k","lease":30,"wait":0}`)
 	time.Sleep(200 * time.Millisecond)
@@ -498,7 +498,7 @@ func TestDriverRealNode(t *testing.T) {
 	}
 	p.send(`{"id":3,"op":"acquire","key":"k","lease":30,"wait":2}`)
 	if r, _ := p.result(3); r["ok"] != true {
-		t.Fatalf("key not free after the withdrawal (v4 C): %v", r)
+		t.Fatalf("key not free after the withdrawal (C): %v", r)
 	}
 	p.send(`{"id":4,"op":"campaign","election":"e","value":"alpha","lease":5}`)
 	r, _ = p.result(4)

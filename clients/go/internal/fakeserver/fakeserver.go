@@ -1,5 +1,5 @@
 // Package fakeserver is an in-process lockservice node for tests: it speaks
-// the client protocol of SPEC §3 (v4: A with shares, R, N, C, O, P, I),
+// the client protocol (A with shares, R, N, C, O, P, I),
 // records every line it receives, and can be told to redirect, stall, drop
 // connections or let a test answer lines itself.
 package fakeserver
