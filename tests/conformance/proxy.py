@@ -25,7 +25,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 
 @dataclass
@@ -41,6 +41,7 @@ class Link:
     downBuffer: bytes = b""
     heldUp: bytes = b""
     heldDown: bytes = b""
+    heldLines: List[bytes] = field(default_factory=list)  # answers held by hold_down(pred)
     # Every line on this link in order: ("up"|"down", time, text).
     both: List[Tuple[str, float, str]] = field(default_factory=list)
 
@@ -70,6 +71,7 @@ class LineProxy:
         self.refused: List[float] = []   # times of connections closed at once (refuse)
         self.stalled = False
         self.downHeld = False
+        self.downPredicate: Optional[Callable[[str], bool]] = None
         self.refuse = False
         self._cutRules: List[List[object]] = []  # [predicate, remaining]
         self._answer: Optional[Callable[[str], Optional[str]]] = None
@@ -124,13 +126,30 @@ class LineProxy:
                 self._flush(link)
         self._call(run)
 
-    def hold_down(self) -> None:
-        self._call(lambda: setattr(self, "downHeld", True))
+    def hold_down(self, predicate: Optional[Callable[[str], bool]] = None) -> None:
+        """
+        Hold the node's answers (only the lines matching C{predicate} when
+        given; the others pass) until L{release_down}.
+        """
+        def run() -> None:
+            if predicate is None:
+                self.downHeld = True
+            else:
+                self.downPredicate = predicate
+        self._call(run)
 
     def release_down(self) -> None:
         def run() -> None:
             self.downHeld = False
+            self.downPredicate = None
             for link in self.links:
+                held, link.heldLines = link.heldLines, []
+                if held and link.closed is None:
+                    try:
+                        self._send(link.client, b"".join(held))
+                    except OSError:
+                        self._close(link, reset=True)
+                        continue
                 self._flush(link)
         self._call(run)
 
@@ -366,13 +385,18 @@ class LineProxy:
         data, link.heldDown = link.heldDown, b""
         now = time.monotonic()
         link.downBuffer += data
+        out: List[bytes] = []
         while b"\n" in link.downBuffer:
             raw, link.downBuffer = link.downBuffer.split(b"\n", 1)
             text = raw.decode("utf-8", "replace").rstrip("\r")
             with self.lock:
                 link.down.append((now, text))
                 link.both.append(("down", now, text))
+            if self.downPredicate is not None and (link.heldLines or self.downPredicate(text)):
+                link.heldLines.append(raw + b"\n")
+            else:
+                out.append(raw + b"\n")
         try:
-            self._send(link.client, data)
+            self._send(link.client, b"".join(out))
         except OSError:
             self._close(link, reset=True)

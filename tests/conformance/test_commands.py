@@ -453,6 +453,30 @@ def test_campaign_value_length_counts_the_instance_id_in_bytes(kind, lone, start
         assert lone.holders(e) == [] and lone.waiters(e) == 0
 
 
+def test_campaign_names_stay_with_their_campaigns(kind, lone, start_driver, key):
+    """
+    Two campaigns of one driver with different values, and plain acquires
+    beside them: each grant carries its own name's value.
+    """
+    e1, e2, k = key("e1"), key("e2"), key("plain")
+    d = start_driver(lone.address, name="plain-name")
+    c1 = d.cmd("campaign", election=e1, value="value-one", lease=10)
+    c2 = d.cmd("campaign", election=e2, value="value-two", lease=10)
+    t1, t2 = token_of(d.result(c1, 10)), token_of(d.result(c2, 10))
+    tk = token_of(d.call("acquire", key=k, lease=30, wait=5))
+    assert value_of(lone.holders(e1)[0]["holder"]) == "value-one"
+    assert value_of(lone.holders(e2)[0]["holder"]) == "value-two"
+    assert value_of(lone.holders(k)[0]["holder"]) == "plain-name", \
+        "an acquire is not named after a campaign's value"
+    for e, v, t in ((e1, "value-one", t1), (e2, "value-two", t2)):
+        r = d.call("leader", election=e)
+        assert r.get("value") == v and r.get("token") == t, r
+    ok(d.call("resign", election=e1))
+    assert lone.holders(e1) == [] and [str(x) for x in lone.tokens(e2)] == [t2]
+    ok(d.call("resign", election=e2))
+    ok(d.call("release", key=k, token=tk))
+
+
 def test_campaign_rejected_and_cancelled(kind, lone, start_driver, key, raws):
     sem, e = key("sem"), key("e")
     holder = lone.hold(sem, share="3")

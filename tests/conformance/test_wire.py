@@ -217,12 +217,18 @@ def test_one_outstanding_A_and_O_per_key_per_connection(kind, lone, start_driver
     assert lone.waiters(k) == 0
 
 
-def test_cancel_after_crossed_grant_releases_it(kind, lone, start_driver, proxy_factory, key):
+@pytest.mark.parametrize("op", ["acquire", "campaign"])
+def test_cancel_after_crossed_grant_releases_it(kind, op, lone, start_driver, proxy_factory,
+                                                key):
     proxy, d = _through(proxy_factory, lone, start_driver)
     k = key()
     ok(d.call("leader", election=key("warm")))  # connections up
-    proxy.hold_down()
-    target = d.cmd("acquire", key=k, lease=60, wait=10)
+    # The node's answers about k are held back (the others pass).
+    proxy.hold_down(lambda line: line.split(" ")[1:2] == [k])
+    if op == "acquire":
+        target = d.cmd("acquire", key=k, lease=60, wait=10)
+    else:
+        target = d.cmd("campaign", election=k, value="crossed", lease=60)
     wait_until(lambda: len(lone.holders(k)) == 1, 10, "the node granted (answer held back)")
     granted = lone.tokens(k)[0]
     cancel = d.cmd("cancel", target=target)
@@ -237,7 +243,12 @@ def test_cancel_after_crossed_grant_releases_it(kind, lone, start_driver, proxy_
         assert token_of(mine.obj) == str(granted)
     else:
         err(mine.obj, "cancelled")
-    wait_until(lambda: lone.holders(k) == [], 5, "the crossed grant released (no lock leaks)")
+    try:
+        wait_until(lambda: lone.holders(k) == [], 5, "the crossed grant released (no lock leaks)")
+    except AssertionError as e:
+        wire = [(lk.n, [t for _, _, t in lk.both if k in t]) for lk in proxy.all_links()]
+        raise AssertionError(f"{e}: the node holds {lone.holders(k)}; the wire about the key: "
+                             f"{[w for w in wire if w[1]]}\n{d.describe()}") from None
     assert [f[2] for f in _fields(proxy, f"R {k} ")][:1] == [str(granted)]
     types = [e["type"] for e in lone.events(k)]
     assert "release" in types and "expiry" not in types, types
