@@ -338,6 +338,33 @@ def test_observe_ok_timeout_change(kind, lone, start_driver, key, raws):
     assert line.time - released < 2
 
 
+def test_observe_newest_token_can_fall_on_a_shared_key(kind, lone, start_driver, key, raws):
+    k = key()
+    first = lone.hold(k, share="r", name="reader-one")
+    second = lone.hold(k, share="r", name="reader-two")
+    raws.extend([first, second])
+    assert second.token > first.token
+    d = start_driver(lone.address)
+    r = d.call("observe", key=k, token="0", wait=5)
+    assert token_of(r) == str(second.token) and r.get("holder") == "reader-two", r
+    waiting = d.cmd("observe", key=k, token=str(second.token), wait=20)
+    time.sleep(0.5)
+    # Releasing the older reader leaves the newest grant as it was: no answer.
+    assert first.release() == f"R {k} OK"
+    time.sleep(0.5)
+    assert d.results_for(waiting) == []
+    third = lone.hold(k, share="r", name="reader-three")
+    raws.append(third)
+    r = d.result(waiting, 10)
+    assert token_of(r) == str(third.token) and r.get("holder") == "reader-three", r
+    # The newest reader leaves: the newest token falls, and that is a change.
+    waiting = d.cmd("observe", key=k, token=str(third.token), wait=20)
+    time.sleep(0.3)
+    assert third.release() == f"R {k} OK"
+    r = d.result(waiting, 10)
+    assert token_of(r) == str(second.token) and r.get("holder") == "reader-two", r
+
+
 def test_observe_rejected_by_max_observers(kind, lone, start_driver, key, raws):
     k = key()
     holder = lone.hold(k)
@@ -488,6 +515,10 @@ def test_campaign_rejected_and_cancelled(kind, lone, start_driver, key, raws):
     r = d.call("leader", election=anonymous.key)
     assert r.get("value") is None and r.get("token") == str(anonymous.token), \
         f"a leader whose name is '-': value null, its token: {r}"
+    plain = lone.hold(key("plain"), name="no-hash-name")
+    raws.append(plain)
+    r = d.call("leader", election=plain.key)
+    assert r.get("value") == "no-hash-name" and r.get("token") == str(plain.token), r
     leader = lone.hold(e, name="boss#1")
     raws.append(leader)
     r = d.call("leader", election=e)

@@ -83,6 +83,7 @@ def test_bad_command(kind, lone, start_driver, key):
     ]
     for n, command in enumerate(missing):
         _bad(d, json.dumps({"id": 100 + n, **command}), 100 + n)
+    _bad(d, json.dumps({"id": 151, "op": 7}), 151)
     # Nothing reached the node, and the driver goes on.
     assert lone.holders(k) == [] and lone.waiters(k) == 0
     t = token_of(d.call("acquire", key=k, lease=30, wait=5))
