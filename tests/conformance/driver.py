@@ -232,7 +232,8 @@ class DriverProcess:
 
 
 def run_briefly(command: Sequence[str], args: Sequence[str], timeout: float = 15.0,
-                stdin: bytes = b"", env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+                stdin: bytes = b"",
+                env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """
     Run a driver to its end (bad-argument checks); killed past C{timeout}.
     """

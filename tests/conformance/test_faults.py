@@ -43,8 +43,11 @@ def test_stalled_node_holds_no_command_forever(kind, lone, start_driver, proxy_f
     ta = token_of(d.call("acquire", key=ka, lease=60, wait=5))
     line_b = d.result_line(d.cmd("acquire", key=kb, lease=3, wait=5), 10)
     tb = token_of(line_b.obj)
+    e = key("e")
+    token_of(d.call("campaign", election=e, value="stalled", lease=60))
     proxy.stall()
     release = d.cmd("release", key=ka, token=ta)
+    resign = d.cmd("resign", election=e)
     renew = d.cmd("renew", key=kb, token=tb, lease=30)
     acquire = d.cmd("acquire", key=kc, lease=30, wait=1)
     observe = d.cmd("observe", key=ka, token=ta, wait=1)
@@ -57,6 +60,7 @@ def test_stalled_node_holds_no_command_forever(kind, lone, start_driver, proxy_f
     assert renewed.time <= line_b.time + 3 + 1.0, \
         f"renew must end by the time the lease (3 s) runs out: {renewed.time - line_b.time:.2f}s"
     _ends(d, release, ("no_connection",), 4.5, 8.0, "a release after its 5 s of retries")
+    _ends(d, resign, ("no_connection",), 4.5, 8.0, "a resign (a release) after 5 s of retries")
     proxy.resume()
 
 

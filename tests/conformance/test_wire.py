@@ -144,7 +144,7 @@ def test_two_connections_per_address_round_robin(kind, lone, start_driver, proxy
     ok(d.call("leader", election=key("warm")))
     wait_until(lambda: len(proxy.open_links()) == 2, 5, "two connections to the one address")
     tokens = [token_of(d.call("acquire", key=k, lease=30, wait=5)) for k in keys]
-    for k, t in zip(keys, tokens):
+    for k, t in zip(keys, tokens, strict=True):
         ok(d.call("release", key=k, token=t))
     time.sleep(0.5)
     assert len(proxy.all_links()) == 2 and len(proxy.open_links()) == 2, \
@@ -345,7 +345,7 @@ def test_keepalive_cadence_on_the_wire(kind, lone, start_driver, proxy_factory, 
     times = [s for s, _, _ in renewals]
     assert 4 <= len(renewals) <= 12, f"every third of the lease: {len(renewals)} in 3.2 s"
     assert 0.2 <= times[0] - line.time <= 1.0, f"first renewal {times[0] - line.time:.2f}s"
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in zip(times[:-1], times[1:], strict=True)]
     assert 0.3 <= statistics.median(gaps) <= 0.8, gaps
     for _, _, text in renewals:
         f = text.split(" ")
