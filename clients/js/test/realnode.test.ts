@@ -14,7 +14,11 @@ import { EXPECT, runExample } from "./examples-lib.js";
 import { waitFor } from "./fake.js";
 import { DriverProcess, RealNode, TWISTD, exchange, freePort, makeCerts, secretFile, sleep, tmpdir, type Certs } from "./helpers.js";
 
-if (!TWISTD) {
+if (!TWISTD && process.env.CI === "true") {
+  test("real-node tests need LOCKSERVICE_TWISTD under CI", () => {
+    assert.fail("set LOCKSERVICE_TWISTD to a twistd with the lockservice plugin");
+  });
+} else if (!TWISTD) {
   test("real-node tests (set LOCKSERVICE_TWISTD to a twistd with the lockservice plugin to run them)", { skip: "LOCKSERVICE_TWISTD is not set" }, () => {});
 } else {
   describe("a lone node", () => {
