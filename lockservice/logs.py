@@ -28,15 +28,12 @@ import signal
 import sys
 from typing import IO, Any, Callable, Dict, Optional
 
-from twisted.logger import (
-    ILogObserver,
-    LogEvent,
-    LogLevel,
-    formatEvent,
-    textFileLogObserver,
-)
+from twisted.logger import ILogObserver, LogLevel, formatEvent, textFileLogObserver
 from twisted.python.logfile import LogFile
 from zope.interface import implementer
+
+# An event as twisted.logger hands it to an observer.
+LogEvent = Dict[str, Any]
 
 # Keys of a record that come from the event's envelope, not its fields.
 RESERVED = ("time", "level", "namespace", "event", "message")
