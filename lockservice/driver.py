@@ -22,7 +22,8 @@ import sys
 import threading
 from typing import Any, Awaitable, Callable, Dict, NoReturn, Optional, Set, Tuple, Union
 
-from lockservice.client import aio, api
+from lockservice.client import aio
+from lockservice.client.arguments import checkShare, encodeKey
 from lockservice.client.errors import (
     LockRejected,
     LockTimeout,
@@ -186,8 +187,8 @@ class Driver:
         if share is not None and (isinstance(share, bool) or not isinstance(share, (str, int))):
             raise BadCommand("field 'share' must be null, \"r\" or an integer")
         keepalive = _field(command, "keepalive", bool, required=False) or False
-        api._encodeKey(key)
-        api.checkShare(share)
+        encodeKey(key)
+        checkShare(share)
         _seconds(lease, "lease", positive=True)
         _seconds(wait, "wait", positive=False)
 
@@ -217,7 +218,7 @@ class Driver:
     def release(self, command: Json) -> Callable[[], Awaitable[Json]]:
         key = _field(command, "key", str)
         token = _token(command)
-        api._encodeKey(key)
+        encodeKey(key)
 
         async def run() -> Json:
             lock = self.held.pop((key, token), None)
@@ -239,7 +240,7 @@ class Driver:
         key = _field(command, "key", str)
         token = _token(command)
         lease = _field(command, "lease", float)
-        api._encodeKey(key)
+        encodeKey(key)
         _seconds(lease, "lease", positive=True)
 
         async def run() -> Json:
@@ -262,7 +263,7 @@ class Driver:
         key = _field(command, "key", str)
         token = _token(command) if command.get("token") is not None else None
         wait = _field(command, "wait", float)
-        api._encodeKey(key)
+        encodeKey(key)
         _seconds(wait, "wait", positive=False)
 
         async def run() -> Json:
@@ -279,7 +280,7 @@ class Driver:
         election = _field(command, "election", str)
         value = _field(command, "value", str)
         lease = _field(command, "lease", float, required=False) or 10.0
-        api._encodeKey(election, "election")
+        encodeKey(election, "election")
         _seconds(lease, "lease", positive=True)
         from lockservice.client.election import campaignName
 
@@ -296,7 +297,7 @@ class Driver:
 
     def leader(self, command: Json) -> Callable[[], Awaitable[Json]]:
         election = _field(command, "election", str)
-        api._encodeKey(election, "election")
+        encodeKey(election, "election")
 
         async def run() -> Json:
             who = await self.client.leader(election)
@@ -309,7 +310,7 @@ class Driver:
 
     def resign(self, command: Json) -> Callable[[], Awaitable[Json]]:
         election = _field(command, "election", str)
-        api._encodeKey(election, "election")
+        encodeKey(election, "election")
 
         async def run() -> Json:
             for leadership in list(self.leaderships.pop(election, ())):

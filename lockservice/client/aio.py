@@ -28,7 +28,8 @@ import threading
 from typing import Any, Callable, Optional, Union
 
 from lockservice.client import api, background
-from lockservice.client.api import Addresses, Share
+from lockservice.client.addresses import Addresses
+from lockservice.client.arguments import checkShare, checkSlots
 from lockservice.client.election import DEFAULT_LEADER_LEASE, Leader, campaignName
 from lockservice.client.errors import (
     ForkedClient,
@@ -39,6 +40,7 @@ from lockservice.client.errors import (
     NoConnection,
     ReleaseFailed,
 )
+from lockservice.client.lock import Share
 from lockservice.client.observing import Observed
 from lockservice.tls import ClientTLS
 
@@ -205,7 +207,7 @@ class Client:
         Acquire C{key} (the errors of L{lockservice.client.sync.Client.acquire}).
         Cancelling the awaiting task never leaks the lock.
         """
-        api.checkShare(share)
+        checkShare(share)
         loop = asyncio.get_running_loop()
 
         def inReactor() -> Any:
@@ -224,8 +226,7 @@ class Client:
 
     async def semaphore(self, key: Union[str, bytes], slots: int, lease: float, wait: float = 0,
                         keepAlive: bool = False) -> Lock:
-        if isinstance(slots, bool) or not isinstance(slots, int) or not 2 <= slots <= api.MAX_SLOTS:
-            raise ValueError(f"invalid slots {slots!r}: an int of 2..{api.MAX_SLOTS}")
+        checkSlots(slots)
         return await self.acquire(key, lease, wait, share=slots, keepAlive=keepAlive)
 
     def lock(self, key: Union[str, bytes], lease: float, wait: float = 0,
@@ -234,7 +235,7 @@ class Client:
         C{async with client.lock("k", lease=30, wait=5) as lock: ...}: kept
         alive inside (by default), released on the way out.
         """
-        api.checkShare(share)
+        checkShare(share)
         return _Held(self, key, lease, wait, share, keepAlive)
 
     # -- observing, elections -------------------------------------------------

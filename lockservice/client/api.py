@@ -25,7 +25,6 @@ from typing import (
     Callable,
     Dict,
     List,
-    Mapping,
     Optional,
     Sequence,
     Set,
@@ -40,6 +39,17 @@ from twisted.logger import Logger
 
 from lockservice.client import sharding
 from lockservice.client.acquiring import Acquire, secondsField
+from lockservice.client.addresses import Addresses, parseClusters
+from lockservice.client.arguments import (
+    INSTANCE_HEX,
+    MAX_SLOTS,
+    checkShare,
+    checkSlots,
+    encodeKey,
+    shareField,
+    wireName,
+)
+from lockservice.client.context import HeldLock
 from lockservice.client.election import (
     DEFAULT_LEADER_LEASE,
     Leader,
@@ -61,86 +71,25 @@ from lockservice.client.lock import Lock, Share
 from lockservice.client.observing import Observe, Observed, Watch
 from lockservice.client.pool import RECONNECT_INTERVAL, Pool, Slot
 from lockservice.client.protocol import Fields
+from lockservice.client.retrying import (
+    EPSILON,
+    RELEASE_RETRY_EVERY,
+    RELEASE_RETRY_FOR,
+    RENEW_RETRY_EVERY,
+    Abandoned,
+    GaveUp,
+    Retried,
+)
 from lockservice.core import wire
 from lockservice.tls import ClientTLS
-
-RELEASE_RETRY_FOR = 5.0
-RELEASE_RETRY_EVERY = 0.2
-RENEW_RETRY_EVERY = 0.2
-# Float sums of 0.2 drift; times closer than this are the same instant.
-_EPSILON = 1e-6
 
 T = TypeVar("T")
 
 __all__ = [
     "connect", "LockClient", "Lock", "LockError", "LockTimeout", "LockRejected",
     "NoConnection", "ReleaseFailed", "LockLost", "ClientTLS", "RECONNECT_INTERVAL",
+    "Addresses", "parseClusters", "Share", "MAX_SLOTS", "checkShare",
 ]
-
-
-class _Redirect(Exception):
-    pass
-
-
-class _GaveUp(Exception):
-    """
-    A retried request got no usable answer before its deadline.
-    """
-
-
-class _Abandoned(Exception):
-    """
-    A retried request is no longer wanted (a renewal after a release).
-    """
-
-
-def _encodeKey(key: Union[str, bytes], what: str = "key") -> bytes:
-    raw = key.encode("utf-8") if isinstance(key, str) else key
-    if not wire.isValidKey(raw):
-        raise ValueError(f"invalid {what} {key!r}: 1-250 bytes of UTF-8, "
-                         "no spaces or control characters")
-    return raw
-
-
-MAX_SLOTS = 65535
-# The suffix every connection name gets (conventions: `I <name>#<12 hex>`),
-# so the node's deadlock check can join the connections of one client.
-INSTANCE_HEX = 12
-
-
-def checkShare(share: Share) -> Share:
-    """
-    A share argument, normalised: None (exclusive; C{1} is the same), C{"r"}
-    (a read lock) or an int of 2..65535 (a semaphore of that many slots).
-
-    @raise ValueError: for anything else (checked before anything is sent).
-    """
-    if share is None or share == "r":
-        return share
-    if isinstance(share, int) and not isinstance(share, bool):
-        if share == 1:
-            return None
-        if 2 <= share <= MAX_SLOTS:
-            return share
-    raise ValueError(f"invalid share {share!r}: None or 1 (exclusive), \"r\" (read), "
-                     f"or an int of 2..{MAX_SLOTS} (semaphore slots)")
-
-
-def shareField(share: Share) -> bytes:
-    """
-    The optional fifth field of C{A} for a normalised share: nothing for an
-    exclusive acquire, so exclusive requests stay the four-field line every node reads.
-    """
-    if share is None:
-        return b""
-    return b" " + str(share).encode("ascii")
-
-
-def wireName(name: Optional[bytes], instance: str) -> bytes:
-    """
-    What a client sends as C{I <...>}: its name plus C{#<instance>}.
-    """
-    return (name or b"") + b"#" + instance.encode("ascii")
 
 
 class LockClient:
@@ -267,7 +216,7 @@ class LockClient:
             withdraws the request from the node's queue (C{C}) and never
             leaks a lock: a grant that crossed the withdrawal is released.
         """
-        rawKey = _encodeKey(key)
+        rawKey = encodeKey(key)
         return self._acquireOn(self.poolFor(rawKey), rawKey, lease, wait, keepAlive, share)
 
     def _acquireOn(self, pool: Pool, rawKey: bytes, lease: float, wait: float,
@@ -299,9 +248,7 @@ class LockClient:
         One of C{slots} (2..65535) slots of the semaphore C{key}; every
         acquirer of that key must give the same C{slots}.
         """
-        if isinstance(slots, bool) or not isinstance(slots, int) or not 2 <= slots <= MAX_SLOTS:
-            raise ValueError(f"invalid slots {slots!r}: an int of 2..{MAX_SLOTS}")
-        return self.acquire(key, lease, wait, keepAlive, share=slots)
+        return self.acquire(key, lease, wait, keepAlive, share=checkSlots(slots))
 
     # -- retried requests (release, renew) -----------------------------------
 
@@ -311,11 +258,11 @@ class LockClient:
     ) -> "Deferred[Tuple[Fields, float]]":
         """
         Send an idempotent request (C{R}, C{N}) until it is answered; see
-        L{_Retried}.
+        L{Retried<lockservice.client.retrying.Retried>}.
 
         @return: the answer's fields and when the answered copy was sent.
         """
-        return _Retried(self, pool, op, key, line, every, giveUpAt, wanted).start()
+        return Retried(self, pool, op, key, line, every, giveUpAt, wanted).start()
 
     # -- release -------------------------------------------------------------
 
@@ -329,7 +276,7 @@ class LockClient:
             had already expired or been released), or failing with
             L{ReleaseFailed} -- within 5 s, whatever the network does.
         """
-        rawKey = _encodeKey(lock.key)
+        rawKey = encodeKey(lock.key)
         self._forget(lock)
         tracked = self._held.pop((lock.key, lock.token), None)
         if tracked is not None and tracked is not lock:
@@ -447,7 +394,7 @@ class LockClient:
             raise ValueError("renew() of a hand-built Lock needs a lease")
         if lease <= 0:
             raise ValueError("lease must be > 0 seconds")
-        rawKey = _encodeKey(lock.key)
+        rawKey = encodeKey(lock.key)
         line = (b"N " + rawKey + b" " + str(lock.token).encode() + b" "
                 + secondsField(lease, "lease") + b"\n")
         if lock.released or self.closed:
@@ -473,7 +420,7 @@ class LockClient:
             return False
 
         def failed(failure: Any) -> bool:
-            if failure.check(_Abandoned):
+            if failure.check(Abandoned):
                 raise LockError(f"{lock!r} was released; renewal not sent")
             if failure.check(LockRejected):
                 lock._lastRenewError = f"rejected: {failure.value.message}"
@@ -482,7 +429,7 @@ class LockClient:
                     self._lose(lock, f"renewal {lock._lastRenewError}")
                 raise failure.value
             lock._lastRenewError = failure.getErrorMessage()
-            if lock.expires is None or lock.expires <= self.clock.seconds() + _EPSILON:
+            if lock.expires is None or lock.expires <= self.clock.seconds() + EPSILON:
                 self._lose(lock, f"the lease ran out on the client's clock while renewals "
                                  f"failed ({lock._lastRenewError})")
             raise NoConnection(f"renewal of {lock!r} not confirmed: {lock._lastRenewError}")
@@ -518,7 +465,7 @@ class LockClient:
         already differs, else at the next change, or, unchanged, when
         C{wait} seconds (0: no limit) run out.
         """
-        rawKey = _encodeKey(key)
+        rawKey = encodeKey(key)
         wire.checkSeconds(wait, "wait", positive=False)
         if token is not None and not 0 <= token <= wire.MAX_TOKEN:
             raise ValueError(f"invalid token {token!r}")
@@ -530,7 +477,7 @@ class LockClient:
         each change, until the returned L{Watch} is stopped; it follows
         failovers and reconnects on its own.
         """
-        rawKey = _encodeKey(key)
+        rawKey = encodeKey(key)
         return Watch(lambda token, wait: self.observe(rawKey, token, wait), callback,
                      self.clock).start()
 
@@ -546,7 +493,7 @@ class LockClient:
         @raise ValueError: C{value} cannot be a connection name's value
             (empty, a space or control character, too long): nothing sent.
         """
-        rawElection = _encodeKey(election, "election")
+        rawElection = encodeKey(election, "election")
         name = campaignName(value, self.instance)
         if lease <= 0:
             raise ValueError("lease must be > 0 seconds")
@@ -583,17 +530,17 @@ class LockClient:
         return leadership.resign()
 
     def lock(self, key: Union[str, bytes], lease: float, wait: float = 0,
-             keepAlive: bool = False) -> "_Held":
+             keepAlive: bool = False) -> HeldLock:
         """
         C{async with client.lock(key, lease, wait, keepAlive=True) as lock: ...}
         """
-        return _Held(self, key, lease, wait, keepAlive)
+        return HeldLock(self, key, lease, wait, keepAlive)
 
     def ping(self, word: str = "ping") -> "Deferred[bool]":
         """
         Send C{P word} on the next connection; True when it is echoed.
         """
-        raw = _encodeKey(word, "word")
+        raw = encodeKey(word, "word")
         pool = self.pools[self._nextPool % len(self.pools)]
         self._nextPool += 1
 
@@ -626,7 +573,7 @@ class LockClient:
         self._timers.clear()
         stopping, self._onClose = self._onClose, set()
         for stop in stopping:
-            stop(_GaveUp("client closed"))
+            stop(GaveUp("client closed"))
         # Every acquire still waiting ends now, with the error its caller
         # documents; the work behind it (a connection wait, a request in
         # flight) then ends quietly: nothing is left to fail later, unseen.
@@ -636,187 +583,6 @@ class LockClient:
                 d.errback(NoConnection("client closed"))
         lost = [d for pool in self.pools for d in pool.close()]
         return gatherResults(lost, consumeErrors=True).addCallback(lambda _: None)
-
-
-class _Retried:
-    """
-    One idempotent request (C{R}, C{N}) sent at once, then again every
-    C{every} seconds -- at start + k * every exactly, each time on a
-    connection that is not already carrying a copy -- until an answer
-    settles it, or until C{giveUpAt} (then L{_GaveUp}).  A redirect (C{M
-    op key host:port}) is followed at once; C{M op key *} and drops just
-    wait for the next tick.
-
-    An C{OK} answer settles at once; a C{STALE} one only when no other copy
-    is still on its way (a retry may overtake the copy that did the work and
-    come back C{STALE} first), or at C{giveUpAt}.
-    """
-
-    def __init__(self, client: LockClient, pool: Pool, op: bytes, key: bytes, line: bytes,
-                 every: float, giveUpAt: float, wanted: Callable[[], bool]) -> None:
-        self.client = client
-        self.pool = pool
-        self.op = op
-        self.key = key
-        self.line = line
-        self.every = every
-        self.giveUpAt = giveUpAt
-        self.wanted = wanted
-        self.result: "Deferred[Tuple[Fields, float]]" = Deferred()
-        self.carrying: Set[int] = set()  # id() of slots with a copy on its way
-        self.stale: Optional[Tuple[Fields, float]] = None
-        self.problem = "no connection up"
-        self.sends = 0
-        self.started = 0.0
-        self.tickCall: Optional[IDelayedCall] = None
-        self.endCall: Optional[IDelayedCall] = None
-
-    def start(self) -> "Deferred[Tuple[Fields, float]]":
-        self.started = self.client.clock.seconds()
-        self.endCall = self.client._later(self.giveUpAt - self.started, self._end)
-        self.client._onClose.add(self._finish)
-        self._tick()
-        return self.result
-
-    def _finish(self, value: Any) -> None:
-        self.client._onClose.discard(self._finish)
-        if self.result.called:
-            return
-        self.client._cancel(self.tickCall)
-        self.client._cancel(self.endCall)
-        if isinstance(value, Exception):
-            self.result.errback(value)
-        else:
-            self.result.callback(value)
-
-    def _tick(self) -> None:
-        self.tickCall = None
-        if self.result.called:
-            return
-        if not self.wanted():
-            self._finish(_Abandoned())
-            return
-        slot = self._freeSlot()
-        if slot is not None:
-            self._sendOn(slot)
-        self.sends += 1
-        at = self.started + self.sends * self.every
-        if at < self.giveUpAt - _EPSILON:
-            self.tickCall = self.client._later(at - self.client.clock.seconds(), self._tick)
-
-    def _end(self) -> None:
-        self.endCall = None
-        self._finish(self.stale if self.stale is not None else _GaveUp(self.problem))
-
-    def _freeSlot(self) -> Optional[Slot]:
-        """
-        The next connected slot (round-robin) not carrying a copy already.
-        """
-        for _ in range(len(self.pool.slots)):
-            slot = self.pool.pick()
-            if slot is None:
-                return None
-            if id(slot) not in self.carrying:
-                return slot
-        return None
-
-    def _sendOn(self, slot: Slot) -> None:
-        if self.result.called or not self.wanted():
-            self._finish(_Abandoned())
-            return
-        assert slot.protocol is not None
-        sentAt = self.client.clock.seconds()
-        self.carrying.add(id(slot))
-        d = slot.protocol.request(self.op, self.key, self.line)
-        d.addCallbacks(lambda fields: self._answered(slot, fields, sentAt),
-                       lambda failure: self._dropped(slot, failure))
-
-    def _answered(self, slot: Slot, fields: Fields, sentAt: float) -> None:
-        self.carrying.discard(id(slot))
-        if fields[0] == b"M":
-            target = fields[3] if len(fields) > 3 else b"*"
-            if target == b"*":
-                self.problem = "no active node (M *)"
-                self._settleStale()
-                return
-            self.problem = f"redirected to {target.decode()}"
-            slot.switchTo(target.decode()).addCallbacks(
-                lambda _: self._sendOn(slot) if slot.up and not self.result.called else None,
-                lambda f: None)
-            return
-        if fields[0] == b"E":
-            self._finish(LockRejected(b" ".join(fields[3:]).decode("utf-8", "replace")))
-            return
-        if len(fields) >= 3 and fields[2] == b"STALE":
-            self.stale = (fields, sentAt)
-            self._settleStale()
-            return
-        self._finish((fields, sentAt))
-
-    def _dropped(self, slot: Slot, failure: Any) -> None:
-        self.carrying.discard(id(slot))
-        self.problem = f"connection dropped ({failure.getErrorMessage()})"
-        self._settleStale()
-
-    def _settleStale(self) -> None:
-        if self.stale is not None and not self.carrying:
-            self._finish(self.stale)
-
-
-class _Held:
-    def __init__(self, client: LockClient, key: Union[str, bytes], lease: float,
-                 wait: float, keepAlive: bool) -> None:
-        self.client = client
-        self.key = key
-        self.lease = lease
-        self.wait = wait
-        self.keepAlive = keepAlive
-        self.held: Optional[Lock] = None
-
-    async def __aenter__(self) -> Lock:
-        self.held = await self.client.acquire(self.key, self.lease, self.wait,
-                                              keepAlive=self.keepAlive)
-        return self.held
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.held is not None:
-            try:
-                await self.client.release(self.held)
-            except ReleaseFailed:
-                self.client.log.warn("could not release {lock}; its lease will", lock=self.held)
-
-
-Addresses = Union[
-    str,
-    Sequence[Address],
-    Sequence[Sequence[Address]],
-    Mapping[str, Sequence[Address]],
-]
-
-
-def parseClusters(addresses: Addresses) -> Tuple[List[List[Address]], Optional[List[bytes]]]:
-    """
-    The clusters named by C{addresses}, and their ids when named:
-
-      - C{"a:1,b:2"}: one cluster; C{"a:1,b:2;c:3,d:4"}: two clusters
-      - C{["a:1", "b:2"]} (strings or endpoints): one cluster
-      - C{[["a:1", "b:2"], ["c:3"]]}: one cluster per inner list
-      - C{{"east": ["a:1"], "west": ["c:3"]}}: named clusters
-
-    A cluster's id (its weight in the key-to-cluster hashing) is its name,
-    else its first address as written: keep it stable.
-    """
-    if isinstance(addresses, str):
-        clusters = [[a.strip() for a in part.split(",") if a.strip()]
-                    for part in addresses.split(";") if part.strip()]
-        return clusters, None  # type: ignore[return-value]
-    if isinstance(addresses, Mapping):
-        names = list(addresses)
-        return [list(addresses[n]) for n in names], [n.encode("utf-8") for n in names]
-    items = list(addresses)
-    if items and all(isinstance(a, (list, tuple)) for a in items):
-        return [list(a) for a in items], None  # type: ignore[arg-type]
-    return [items], None  # type: ignore[list-item]
 
 
 def connect(
@@ -845,7 +611,7 @@ def connect(
                 # At once: a typo would otherwise surface only as a failed
                 # connection, after a whole wait.
                 splitAddress(address)
-    rawName = _encodeKey(name, "name") if name is not None else None
+    rawName = encodeKey(name, "name") if name is not None else None
     if rawName is not None and len(rawName) > wire.MAX_KEY - 1 - INSTANCE_HEX:
         raise ValueError(f"invalid name {name!r}: at most "
                          f"{wire.MAX_KEY - 1 - INSTANCE_HEX} bytes (the client adds "

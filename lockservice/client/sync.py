@@ -22,7 +22,8 @@ import logging
 from typing import Any, Optional, Union
 
 from lockservice.client import api, background
-from lockservice.client.api import Addresses, Share
+from lockservice.client.addresses import Addresses
+from lockservice.client.arguments import checkShare, checkSlots
 from lockservice.client.election import DEFAULT_LEADER_LEASE, Leader, campaignName
 from lockservice.client.errors import (
     ForkedClient,
@@ -33,6 +34,7 @@ from lockservice.client.errors import (
     NoConnection,
     ReleaseFailed,
 )
+from lockservice.client.lock import Share
 from lockservice.client.observing import Observed
 from lockservice.tls import ClientTLS
 
@@ -195,8 +197,7 @@ class Client:
 
     def semaphore(self, key: Union[str, bytes], slots: int, lease: float, wait: float = 0,
                   keepAlive: bool = False) -> Lock:
-        if isinstance(slots, bool) or not isinstance(slots, int) or not 2 <= slots <= api.MAX_SLOTS:
-            raise ValueError(f"invalid slots {slots!r}: an int of 2..{api.MAX_SLOTS}")
+        checkSlots(slots)
         return self.acquire(key, lease, wait, share=slots, keepAlive=keepAlive)
 
     def lock(self, key: Union[str, bytes], lease: float, wait: float = 0,
@@ -206,7 +207,7 @@ class Client:
         entry (the errors of L{acquire}), kept alive while inside (by
         default), released on the way out.
         """
-        api.checkShare(share)
+        checkShare(share)
         return _Held(self, key, lease, wait, share, keepAlive)
 
     # -- observing, elections -------------------------------------------------
