@@ -314,6 +314,17 @@ def test_lone_node_under_the_unit(tmp_path, units) -> None:  # type: ignore[no-u
         assert ready.pid == unit.pid
         assert ready.status() == "active (single node): serving"
         assert ping(port)
+        # The role watch rides on the service's activity observers: every
+        # kind of call it gets is answered (none counts as an internal error).
+        with LineClient(port) as a, LineClient(port) as b:
+            token = a.ask(b"A k 30 0").split()[2]
+            b.send(b"A k 30 5\n")
+            assert a.ask(b"N k " + token + b" 30") == b"N k OK"
+            assert a.ask(b"R k " + token) == b"R k OK"
+            assert b.readline().startswith(b"A k ")
+            assert b.ask(b"A w 30 0.1").startswith(b"A w ")
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=5) as r:
+            assert b"lockservice_internal_errors_total 0.0" in r.read()
         pings = [m for m in listener.messages if m.assignments == ["WATCHDOG=1"]]
         while len(pings) < 5:
             message = listener.waitFor(lambda m: m.assignments == ["WATCHDOG=1"]
