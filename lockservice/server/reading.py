@@ -5,21 +5,21 @@ answers do not drain) and the per-iteration read budget shared by every
 connection (L{ReadBudget}), so no client, however much it sends or
 however little it reads, holds the node up or costs unbounded memory.
 
-L{PacedReceiver} is the reading half of
-L{lockservice.server.protocol.LockProtocol}: that class parses and
-answers; this one decides when the transport reads.
+L{PacedReceiver} is the base of the client connection
+(L{lockservice.server.protocol.LockProtocol}), which parses and answers;
+this class decides when the transport reads.  It knows its factory only
+as L{PacedFactory}, so this module imports nothing of the protocol's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.protocols.basic import LineOnlyReceiver
 from zope.interface import implementer
 
-if TYPE_CHECKING:
-    from lockservice.server.protocol import LockFactory
+from lockservice.server.hangups import HangUpSweep
 
 # Client input handled per reactor iteration, all connections together:
 # past it, a connection's input waits (unread in the kernel) for the next
@@ -40,6 +40,16 @@ MAX_HELD_BACK_BYTES = 256 * 1024
 MAX_QUEUED_ACQUIRES = 100_000
 
 
+class PacedFactory(Protocol):
+    """
+    What a paced connection reads of its factory: the node's read budget
+    and its hang-up sweep (shared by every connection).
+    """
+
+    readBudget: "ReadBudget"
+    hangUps: HangUpSweep
+
+
 @implementer(IPushProducer)
 class PacedReceiver(LineOnlyReceiver):
     """
@@ -55,7 +65,7 @@ class PacedReceiver(LineOnlyReceiver):
     keeps C{_heldBytes} and C{_queued}.
     """
 
-    factory: "LockFactory"
+    factory: PacedFactory
 
     def __init__(self) -> None:
         # Set once the client is gone (or sent its end of input).
