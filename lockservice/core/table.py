@@ -12,9 +12,25 @@ from __future__ import annotations
 from array import array
 from heapq import heapify, heappop, heappush
 from itertools import islice
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-MAX_TOKEN = 2**64 - 1
+from lockservice.core.shares import (
+    EXCLUSIVE,
+    READ,
+    READ_WRITE,
+    ShareMismatch,
+    describeKind,
+    fitTogether,
+    kindOf,
+)
+from lockservice.core.tokens import MAX_TOKEN, TokenExhausted, TokenIssuer
+from lockservice.core.waiters import Waiter, WaitQueue, identOf, nameOf
+
+__all__ = [
+    "MAX_TOKEN", "Change", "EXCLUSIVE", "READ", "READ_WRITE", "Grant", "HandOverFailed",
+    "Holder", "LockTable", "ShareMismatch", "StaleHolder", "TokenExhausted", "TokenIssuer",
+    "WaitQueue", "Waiter", "describeKind", "fitTogether", "identOf", "kindOf", "nameOf",
+]
 
 # One replicated change (a standby's stream, a snapshot, a heal's merge):
 # (key, token, grantedAt, expiresAt, share, name, delayed) of a grant, its
@@ -22,208 +38,6 @@ MAX_TOKEN = 2**64 - 1
 # expiresAt is when that place frees: see the lock-delay); expiresAt None
 # for the end of grant C{token}.
 Change = Tuple[bytes, int, float, Optional[float], int, Optional[bytes], bool]
-
-# How an acquire shares its key (the fifth field of C{A}); lockservice.core.wire parses it into these.
-EXCLUSIVE = 1  # one holder at a time: the writer of a read-write key
-READ = 0  # a reader of a read-write key; any other int n is a semaphore of n
-# A key's kind: READ_WRITE (taken by EXCLUSIVE and READ acquires) or the
-# slot count n >= 2 of a semaphore (taken by acquires of n only).
-READ_WRITE = 1
-
-
-def kindOf(share: int) -> int:
-    """
-    The kind of key an acquire of C{share} takes (and creates).
-    """
-    return share if share > EXCLUSIVE else READ_WRITE
-
-
-def describeKind(kind: int) -> str:
-    return "read-write" if kind == READ_WRITE else f"a semaphore of {kind} slots"
-
-
-def fitTogether(grants: List[Tuple[int, int]]) -> List[int]:
-    """
-    Which of C{grants} (C{(token, share)}, from two sides of a heal) a key
-    keeps: highest tokens first, each one that fits beside those kept
-    already (readers beside readers, a writer alone, at most n grants of a
-    semaphore of n).  The highest token sets the key's kind; a grant of
-    another kind (or another slot count) never fits.  So when both sides'
-    grants fit together all are kept, and otherwise the side with the
-    highest token keeps its own.
-
-    @return: the tokens kept, highest first.
-    """
-    kept: List[int] = []
-    kind = 0
-    writer = False
-    seen = set()
-    for token, share in sorted(grants, reverse=True):
-        if token in seen:
-            continue  # the same grant on both sides
-        seen.add(token)
-        if not kept:
-            kind, writer = kindOf(share), share == EXCLUSIVE
-            kept.append(token)
-        elif kindOf(share) != kind or writer or share == EXCLUSIVE:
-            continue
-        elif kind == READ_WRITE or len(kept) < kind:
-            kept.append(token)
-    return kept
-
-
-class TokenExhausted(Exception):
-    """
-    The u64 token space is used up; no further grant can be fenced.
-    """
-
-
-class TokenIssuer:
-    """
-    Issues fencing tokens: C{max(last + 1, now in microseconds)}.
-
-    The clock term makes tokens rise across a restart without any state on
-    disk; C{observe} folds in tokens learned from elsewhere (replication).
-    """
-
-    __slots__ = ("last", "_wallMicros")
-
-    def __init__(self, wallMicros: Callable[[], int], last: int = 0) -> None:
-        self._wallMicros = wallMicros
-        self.last = last
-
-    def issue(self) -> int:
-        token = max(self.last + 1, self._wallMicros())
-        if token > MAX_TOKEN:
-            raise TokenExhausted("fencing token space exhausted")
-        self.last = token
-        return token
-
-    def observe(self, token: int) -> None:
-        if token > self.last:
-            self.last = token
-
-
-class Waiter:
-    """
-    One acquire request in a key's queue.
-
-    The table links queued waiters into an intrusive doubly linked list
-    (C{prev}/C{next}), so withdrawing any one of them costs O(1) however
-    long its queue is.
-
-    @ivar key: the key asked for.
-    @ivar lease: the lease (seconds) the grant will run for.
-    @ivar queuedAt: (monotonic) time it joined the queue.
-    @ivar queued: True while it is in a queue.
-    @ivar share: how it would hold the key: L{EXCLUSIVE}, L{READ}, or a
-        semaphore's slot count.
-    """
-
-    __slots__ = ("key", "lease", "share", "queuedAt", "queued", "prev", "next")
-
-    # The holder name a grant to this waiter is made under (see
-    # L{LockTable}): a bare waiter has none; the service's waiters give
-    # their connection's C{I} name as it is when the grant is made.
-    ident: Optional[bytes] = None
-
-    def __init__(self, key: bytes, lease: float, share: int = EXCLUSIVE) -> None:
-        self.key = key
-        self.lease = lease
-        self.share = share
-        self.queuedAt = 0.0
-        self.queued = False
-        self.prev: Optional[Waiter] = None
-        self.next: Optional[Waiter] = None
-
-    def client(self) -> object:
-        """
-        Who will hold the key if this waiter is granted: an opaque object
-        the table keeps with the grant (one per client, shared by all its
-        grants, so it costs no memory per key).  The service's waiters
-        give their connection; a bare waiter stands for itself.
-        """
-        return self
-
-    def holderName(self) -> Optional[str]:
-        """
-        The name this waiter is shown by (L{nameOf} its client).
-        """
-        return nameOf(self.client())
-
-
-class WaitQueue:
-    """
-    The FIFO queue of a held key: a doubly linked list of L{Waiter}s.
-
-    @ivar head: the first waiter (next to be granted), or None.
-    @ivar tail: the last waiter, or None.
-    @ivar length: how many waiters are queued.
-    """
-
-    __slots__ = ("head", "tail", "length")
-
-    def __init__(self) -> None:
-        self.head: Optional[Waiter] = None
-        self.tail: Optional[Waiter] = None
-        self.length = 0
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __iter__(self) -> Iterator[Waiter]:
-        waiter = self.head
-        while waiter is not None:
-            following = waiter.next
-            yield waiter
-            waiter = following
-
-    def append(self, waiter: Waiter) -> None:
-        waiter.prev = self.tail
-        waiter.next = None
-        if self.tail is None:
-            self.head = waiter
-        else:
-            self.tail.next = waiter
-        self.tail = waiter
-        self.length += 1
-
-    def remove(self, waiter: Waiter) -> None:
-        """
-        Unlink C{waiter}, which must be in this queue: O(1).
-        """
-        self.cut(waiter, waiter, 1)
-        waiter.prev = waiter.next = None
-
-    def cut(self, first: Waiter, last: Waiter, count: int) -> None:
-        """
-        Unlink the C{count} consecutive waiters C{first} .. C{last} at once:
-        O(1).  Their own links are left as they are (nobody follows them).
-        """
-        before, after = first.prev, last.next
-        if before is None:
-            self.head = after
-        else:
-            before.next = after
-        if after is None:
-            self.tail = before
-        else:
-            after.prev = before
-        self.length -= count
-
-    def popleft(self) -> Waiter:
-        waiter = self.head
-        assert waiter is not None
-        # remove(waiter), inline: this is every hand-over.
-        after = waiter.next
-        self.head = after
-        if after is None:
-            self.tail = None
-        else:
-            after.prev = None
-        self.length -= 1
-        waiter.next = None
-        return waiter
 
 
 class _Extra:
@@ -326,42 +140,11 @@ class _Shared:
             heapify(self.heap)
 
 
-class ShareMismatch(ValueError):
-    """
-    An acquire whose share does not match the kind of the key it asks for
-    (held or waited for): nothing changed.
-    """
-
-    def __init__(self, key: bytes, kind: int) -> None:
-        super().__init__(f"the share does not match the key: it is {describeKind(kind)}")
-        self.key = key
-        self.kind = kind
-
-
 class StaleHolder(LookupError):
     """
     A L{Holder} view was read after the grant it shows had ended (released,
     expired, handed over): read the table again.
     """
-
-
-def identOf(client: object) -> Optional[bytes]:
-    """
-    The holder name a grant to C{client} is made under: the C{I} name its
-    connection has at the moment of the grant (kept with the grant after
-    the connection renames itself or closes, and replicated with it), or
-    None for a connection that never named itself.
-    """
-    return getattr(client, "ident", None)
-
-
-def nameOf(client: object) -> Optional[str]:
-    """
-    The name a client is shown by: its C{name} now (a connection that
-    renames itself with C{I} is shown by its new name for every key it
-    holds), or None for an unknown client.
-    """
-    return getattr(client, "name", None) if client is not None else None
 
 
 class Holder:
