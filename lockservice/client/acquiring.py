@@ -21,15 +21,17 @@ was sent is never sent.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Set
+from typing import Optional, Protocol, Set
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from lockservice.client.errors import ConnectionDropped, LockRejected, LockTimeout, NoConnection
+from lockservice.client.holding import Holdings
 from lockservice.client.lock import Lock, Share
 from lockservice.client.pool import Pool, Slot
 from lockservice.client.protocol import Fields, LockClientProtocol
+from lockservice.client.timers import Timers
 from lockservice.core import wire
 
 # A stalled node (no answer at all) ends an acquire this long after its
@@ -53,15 +55,11 @@ class AcquireOwner(Protocol):
     closed: bool
     _acquiring: Set["Deferred[Lock]"]
 
-    def _later(self, delay: float, f: Callable[[], object]) -> IDelayedCall: ...
-
-    def _cancel(self, call: Optional[IDelayedCall]) -> None: ...
-
-    def _sleep(self, delay: float) -> "Deferred[None]": ...
+    timers: Timers
+    holdings: Holdings
 
     def release(self, lock: Lock) -> "Deferred[bool]": ...
 
-    def _hold(self, lock: Lock, sentAt: float, keepAlive: bool) -> None: ...
 
 
 def secondsField(value: float, name: str) -> bytes:
@@ -104,12 +102,12 @@ class Acquire:
 
         def settled(value: object) -> object:
             owner._acquiring.discard(self.result)
-            owner._cancel(self.guard)
+            owner.timers.cancel(self.guard)
             return value
 
         self.result.addBoth(settled)
         if self.deadline is not None:
-            self.guard = owner._later(self.wait + ACQUIRE_GRACE, self._noAnswer)
+            self.guard = owner.timers.later(self.wait + ACQUIRE_GRACE, self._noAnswer)
         Deferred.fromCoroutine(self._run())
         return self.result
 
@@ -178,6 +176,7 @@ class Acquire:
                 raise NoConnection("client closed")
             now = owner.clock.seconds()
             self._checkBounds(now, tried)
+            slot: Optional[Slot]
             if (again is not None and again.protocol is not None
                     and not again.protocol.outstanding(b"A", self.key)):
                 slot, busy = again, None
@@ -212,7 +211,7 @@ class Acquire:
                 if target == b"*":
                     if self.noActiveSince is None:
                         self.noActiveSince = now
-                    await owner._sleep(NO_ACTIVE_RETRY)
+                    await owner.timers.sleep(NO_ACTIVE_RETRY)
                     again = slot
                     continue
                 self.noActiveSince = None
@@ -231,7 +230,7 @@ class Acquire:
             if kind != b"A" or len(fields) < 3:
                 raise LockTimeout(f"no grant for {self.keyText!r} within {self.wait:g} s")
             lock = Lock(self.keyText, int(fields[2]), self.lease, owner, self.share)  # type: ignore[arg-type]
-            owner._hold(lock, now, self.keepAlive)
+            owner.holdings.hold(lock, now, self.keepAlive)
             self.result.callback(lock)
             return
 

@@ -23,7 +23,6 @@ import os
 from typing import (
     Any,
     Callable,
-    Dict,
     List,
     Optional,
     Sequence,
@@ -34,7 +33,7 @@ from typing import (
 )
 
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from lockservice.client import sharding
@@ -67,6 +66,7 @@ from lockservice.client.errors import (
     ReleaseFailed,
 )
 from lockservice.client.groups import Groups
+from lockservice.client.holding import Holdings
 from lockservice.client.lock import Lock, Share
 from lockservice.client.observing import Observe, Observed, Watch
 from lockservice.client.pool import RECONNECT_INTERVAL, Pool, Slot
@@ -80,6 +80,7 @@ from lockservice.client.retrying import (
     GaveUp,
     Retried,
 )
+from lockservice.client.timers import Timers
 from lockservice.core import wire
 from lockservice.tls import ClientTLS
 
@@ -124,13 +125,11 @@ class LockClient:
         if len(set(self.clusterIds)) != len(self.clusterIds):
             raise ValueError("two clusters have the same first address (or name)")
         self.closed = False
-        self._timers: Set[IDelayedCall] = set()
-        self._held: Dict[Tuple[str, int], Lock] = {}
+        self.timers = Timers(clock)
+        self.holdings = Holdings(self.timers, self.renew, self.log)
         self._nextPool = 0
         # The result Deferreds of acquires not answered yet: close() fails them.
         self._acquiring: Set["Deferred[Lock]"] = set()
-        # Fail what is still waiting on a timer when the client is closed.
-        self._onClose: Set[Callable[[Exception], None]] = set()
         # The group extension (what the tooz driver uses).
         self.groups = Groups(self)
 
@@ -169,35 +168,6 @@ class LockClient:
                 await pool.whenConnected(max(deadline - self.clock.seconds(), 0), failFast)
 
         return Deferred.fromCoroutine(all_up())
-
-    def _later(self, delay: float, f: Callable[[], object]) -> IDelayedCall:
-        def run() -> None:
-            self._timers.discard(call)
-            f()
-
-        call = self.clock.callLater(max(delay, 0), run)
-        self._timers.add(call)
-        return call
-
-    def _cancel(self, call: Optional[IDelayedCall]) -> None:
-        if call is not None:
-            self._timers.discard(call)
-            if call.active():
-                call.cancel()
-
-    def _sleep(self, delay: float) -> "Deferred[None]":
-        d: "Deferred[None]" = Deferred()
-
-        def wake() -> None:
-            self._onClose.discard(stop)
-            d.callback(None)
-
-        def stop(error: Exception) -> None:
-            d.errback(error)
-
-        self._onClose.add(stop)
-        self._later(delay, wake)
-        return d
 
     # -- acquire -------------------------------------------------------------
 
@@ -262,7 +232,7 @@ class LockClient:
 
         @return: the answer's fields and when the answered copy was sent.
         """
-        return Retried(self, pool, op, key, line, every, giveUpAt, wanted).start()
+        return Retried(self.timers, pool, op, key, line, every, giveUpAt, wanted).start()
 
     # -- release -------------------------------------------------------------
 
@@ -277,10 +247,7 @@ class LockClient:
             L{ReleaseFailed} -- within 5 s, whatever the network does.
         """
         rawKey = encodeKey(lock.key)
-        self._forget(lock)
-        tracked = self._held.pop((lock.key, lock.token), None)
-        if tracked is not None and tracked is not lock:
-            self._forget(tracked)
+        self.holdings.released(lock)
         line = b"R " + rawKey + b" " + str(lock.token).encode() + b"\n"
         if self.closed:
             return Deferred.fromCoroutine(self._failedRelease(lock, "client closed"))
@@ -300,90 +267,13 @@ class LockClient:
     async def _failedRelease(self, lock: Lock, why: str) -> bool:
         raise ReleaseFailed(f"release of {lock!r} not sent: {why}")
 
-    def _forget(self, lock: Lock) -> None:
+    def keepAlive(self, lock: Lock) -> None:
         """
-        C{lock} is released: stop its keep-alive and its expiry watch.
+        See L{Lock.keepAlive}.
         """
-        lock.released = True
-        lock.stopKeepAlive()
-        self._cancel(lock._expiryCall)
-        lock._expiryCall = None
+        self.holdings.startKeepAlive(lock)
 
-    # -- holding: renewals, keep-alive, loss ----------------------------------
-
-    def _hold(self, lock: Lock, sentAt: float, keepAlive: bool) -> None:
-        assert lock.lease is not None
-        self._held[(lock.key, lock.token)] = lock
-        now = self.clock.seconds()
-        if sentAt + lock.lease > now:
-            self._confirmed(lock, sentAt)
-        # else: the grant came after its lease, counted from the send, had
-        # run out (a long wait in the queue): we cannot be sure we hold it.
-        # A keep-alive renews at once; without one the lock is lost now.
-        if keepAlive:
-            self._startKeepAlive(lock)
-        elif lock.expires is None:
-            self._lose(lock, "the grant arrived after its lease (counted from the acquire's "
-                             "send) had run out; renew at once or use keepAlive")
-
-    def _confirmed(self, lock: Lock, sentAt: float, lease: Optional[float] = None) -> None:
-        """
-        The server holds the grant until at least C{sentAt + lease}.
-        """
-        lease = lock.lease if lease is None else lease
-        assert lease is not None
-        expires = sentAt + lease
-        if lock.expires is not None and expires <= lock.expires:
-            return
-        lock.expires = expires
-        self._cancel(lock._expiryCall)
-        lock._expiryCall = self._later(expires - self.clock.seconds(),
-                                       lambda: self._expired(lock))
-
-    def _expired(self, lock: Lock) -> None:
-        lock._expiryCall = None
-        if lock.released:
-            return
-        if lock._keepAlive or lock._lastRenewError:
-            why = lock._lastRenewError or "no answer"
-            self._lose(lock, f"the lease ran out on the client's clock while renewals "
-                             f"failed ({why})")
-        else:
-            self._lose(lock, "the lease ran out (no renewal)")
-
-    def _lose(self, lock: Lock, reason: str) -> None:
-        lock.stopKeepAlive()
-        self._cancel(lock._expiryCall)
-        lock._expiryCall = None
-        self._held.pop((lock.key, lock.token), None)
-        if not lock.lost.called and not lock.released:
-            self.log.warn("{lost}", lost=str(LockLost(lock.key, lock.token, reason)))
-            lock.lost.callback(LockLost(lock.key, lock.token, reason))
-
-    def _startKeepAlive(self, lock: Lock) -> None:
-        if lock.released or lock.isLost or lock._keepAlive:
-            return
-        lock._keepAlive = True
-        self._scheduleRenewal(lock)
-
-    def _scheduleRenewal(self, lock: Lock) -> None:
-        assert lock.lease is not None
-        if not lock._keepAlive or lock.released or lock.isLost:
-            return
-        if lock._renewCall is not None and lock._renewCall.active():
-            self._cancel(lock._renewCall)
-        if lock.expires is None:
-            delay = 0.0
-        else:
-            # Every third of the lease, from the last confirmed send.
-            delay = lock.expires - lock.lease * 2 / 3 - self.clock.seconds()
-
-        def due() -> None:
-            lock._renewCall = None
-            d = self.renew(lock)
-            d.addErrback(lambda f: None)  # told through lock.lost
-
-        lock._renewCall = self._later(delay, due)
+    # -- renew ---------------------------------------------------------------
 
     def renew(self, lock: Lock, lease: Optional[float] = None) -> "Deferred[bool]":
         """
@@ -412,10 +302,10 @@ class LockClient:
                 return fields[2] == b"OK"
             if fields[2] == b"OK":
                 lock._lastRenewError = None
-                self._confirmed(lock, sentAt, lease)
-                self._scheduleRenewal(lock)
+                self.holdings.confirmed(lock, sentAt, lease)
+                self.holdings.scheduleRenewal(lock)
                 return True
-            self._lose(lock, f"renewal refused: token {lock.token} no longer holds the key "
+            self.holdings.lose(lock, f"renewal refused: token {lock.token} no longer holds the key "
                              "(STALE: it expired, was released or was force-released)")
             return False
 
@@ -426,12 +316,12 @@ class LockClient:
                 lock._lastRenewError = f"rejected: {failure.value.message}"
                 lock.stopKeepAlive()
                 if lock.expires is None:
-                    self._lose(lock, f"renewal {lock._lastRenewError}")
+                    self.holdings.lose(lock, f"renewal {lock._lastRenewError}")
                 raise failure.value
             lock._lastRenewError = failure.getErrorMessage()
             if lock.expires is None or lock.expires <= self.clock.seconds() + EPSILON:
-                self._lose(lock, f"the lease ran out on the client's clock while renewals "
-                                 f"failed ({lock._lastRenewError})")
+                self.holdings.lose(lock, f"the lease ran out on the client's clock while renewals "
+                                         f"failed ({lock._lastRenewError})")
             raise NoConnection(f"renewal of {lock!r} not confirmed: {lock._lastRenewError}")
 
         return d.addCallbacks(answered, failed)
@@ -562,18 +452,8 @@ class LockClient:
         close every connection.
         """
         self.closed = True
-        for lock in list(self._held.values()):
-            lock.stopKeepAlive()
-            self._cancel(lock._expiryCall)
-            lock._expiryCall = None
-        self._held.clear()
-        for call in list(self._timers):
-            if call.active():
-                call.cancel()
-        self._timers.clear()
-        stopping, self._onClose = self._onClose, set()
-        for stop in stopping:
-            stop(GaveUp("client closed"))
+        self.holdings.close()
+        self.timers.close(GaveUp("client closed"))
         # Every acquire still waiting ends now, with the error its caller
         # documents; the work behind it (a connection wait, a request in
         # flight) then ends quietly: nothing is left to fail later, unseen.

@@ -9,10 +9,10 @@ drops, and bounded in time however the node behaves.
 
 from __future__ import annotations
 
-from typing import Callable, List, NamedTuple, Optional, Protocol, Union
+from typing import List, NamedTuple, Optional, Protocol, Union
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 
 from lockservice.client.acquiring import (
     CONNECT_WAIT,
@@ -24,6 +24,7 @@ from lockservice.client.acquiring import (
 from lockservice.client.errors import ConnectionDropped, LockError, LockRejected, NoConnection
 from lockservice.client.pool import Pool
 from lockservice.client.protocol import Fields
+from lockservice.client.timers import Timers
 from lockservice.core import wire
 from lockservice.core.groups import MAX_CAPABILITIES, escape, unescape
 from lockservice.core.groupwire import MAX_PAGE
@@ -49,9 +50,7 @@ class GroupsOwner(Protocol):
 
     def poolFor(self, rawKey: bytes) -> Pool: ...
 
-    def _sleep(self, delay: float) -> "Deferred[None]": ...
-
-    def _later(self, delay: float, f: Callable[[], object]) -> IDelayedCall: ...
+    timers: Timers
 
 
 def _id(value: Union[str, bytes], what: str) -> bytes:
@@ -83,7 +82,7 @@ class Groups:
     def _ask(self, op: bytes, key: bytes, line: bytes) -> "Deferred[Fields]":
         result = Deferred.fromCoroutine(self._send(op, key, line))
         return result.addTimeout(REQUEST_BOUND, self.client.clock,  # type: ignore[arg-type]
-                                 onTimeoutCancel=lambda *a: _timedOut(op))
+                                 onTimeoutCancel=lambda *a: _timedOut(op))  # type: ignore[arg-type]
 
     async def _send(self, op: bytes, key: bytes, line: bytes) -> Fields:
         client = self.client
@@ -111,7 +110,7 @@ class Groups:
                     noActiveSince = now if noActiveSince is None else noActiveSince
                     if now - noActiveSince >= NO_ACTIVE_FOR:
                         raise NoConnection("no active node (the cluster answers M *)")
-                    await client._sleep(NO_ACTIVE_RETRY)
+                    await client.timers.sleep(NO_ACTIVE_RETRY)
                     continue
                 redirects += 1
                 if redirects > MAX_REDIRECTS:

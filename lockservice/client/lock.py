@@ -24,7 +24,7 @@ class LockOwner(Protocol):
 
     def release(self, lock: "Lock") -> "Deferred[bool]": ...
 
-    def _startKeepAlive(self, lock: "Lock") -> None: ...
+    def keepAlive(self, lock: "Lock") -> None: ...
 
 
 class Lock:
@@ -93,7 +93,7 @@ class Lock:
         every 200 ms across connections and redirects) until released or
         lost.
         """
-        self._bound()._startKeepAlive(self)
+        self._bound().keepAlive(self)
 
     def stopKeepAlive(self) -> None:
         self._keepAlive = False

@@ -34,6 +34,7 @@ from lockservice.client.acquiring import (
 from lockservice.client.errors import ConnectionDropped, LockError, LockRejected, NoConnection
 from lockservice.client.pool import Pool, Slot
 from lockservice.client.protocol import LockClientProtocol
+from lockservice.client.timers import Timers
 
 # The longest wait one O asks for (see the module's docstring).
 LONGEST_O = 10.0
@@ -73,11 +74,7 @@ class ObserveOwner(Protocol):
     clock: IReactorTime
     closed: bool
 
-    def _later(self, delay: float, f: Callable[[], object]) -> IDelayedCall: ...
-
-    def _cancel(self, call: Optional[IDelayedCall]) -> None: ...
-
-    def _sleep(self, delay: float) -> "Deferred[None]": ...
+    timers: Timers
 
 
 class Observe:
@@ -105,13 +102,13 @@ class Observe:
 
     def start(self) -> "Deferred[Observed]":
         if self.deadline is not None:
-            self.guard = self.owner._later(self.wait + ACQUIRE_GRACE, self._noAnswer)
+            self.guard = self.owner.timers.later(self.wait + ACQUIRE_GRACE, self._noAnswer)
         self.result.addBoth(self._settled)
         Deferred.fromCoroutine(self._run())
         return self.result
 
     def _settled(self, value: object) -> object:
-        self.owner._cancel(self.guard)
+        self.owner.timers.cancel(self.guard)
         return value
 
     def _giveUp(self, error: Exception) -> None:
@@ -150,6 +147,7 @@ class Observe:
                     (self.deadline is not None and now >= self.deadline)
                     or (self.deadline is None and now - self.noActiveSince >= NO_ACTIVE_FOR)):
                 raise NoConnection("no active node (the cluster answers M *)")
+            slot: Optional[Slot]
             if (again is not None and again.protocol is not None
                     and not again.protocol.outstanding(b"O", self.key)):
                 slot, busy = again, None
@@ -182,7 +180,7 @@ class Observe:
                 if target == b"*":
                     if self.noActiveSince is None:
                         self.noActiveSince = now
-                    await owner._sleep(NO_ACTIVE_RETRY)
+                    await owner.timers.sleep(NO_ACTIVE_RETRY)
                     again = slot
                     continue
                 self.noActiveSince = None

@@ -6,33 +6,21 @@ connections until one is answered or a deadline passes.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol, Set, Tuple
+from typing import Any, Callable, Optional, Set, Tuple
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall
 
 from lockservice.client.errors import LockRejected
 from lockservice.client.pool import Pool, Slot
 from lockservice.client.protocol import Fields
+from lockservice.client.timers import Timers
 
 RELEASE_RETRY_FOR = 5.0
 RELEASE_RETRY_EVERY = 0.2
 RENEW_RETRY_EVERY = 0.2
 # Float sums of 0.2 drift; times closer than this are the same instant.
 EPSILON = 1e-6
-
-
-class RetryOwner(Protocol):
-    """
-    What a retried request needs of its client.
-    """
-
-    clock: IReactorTime
-    _onClose: Set[Callable[[Exception], None]]
-
-    def _later(self, delay: float, f: Callable[[], object]) -> IDelayedCall: ...
-
-    def _cancel(self, call: Optional[IDelayedCall]) -> None: ...
 
 
 class GaveUp(Exception):
@@ -61,9 +49,9 @@ class Retried:
     come back C{STALE} first), or at C{giveUpAt}.
     """
 
-    def __init__(self, client: RetryOwner, pool: Pool, op: bytes, key: bytes, line: bytes,
+    def __init__(self, timers: Timers, pool: Pool, op: bytes, key: bytes, line: bytes,
                  every: float, giveUpAt: float, wanted: Callable[[], bool]) -> None:
-        self.client = client
+        self.timers = timers
         self.pool = pool
         self.op = op
         self.key = key
@@ -81,18 +69,18 @@ class Retried:
         self.endCall: Optional[IDelayedCall] = None
 
     def start(self) -> "Deferred[Tuple[Fields, float]]":
-        self.started = self.client.clock.seconds()
-        self.endCall = self.client._later(self.giveUpAt - self.started, self._end)
-        self.client._onClose.add(self._finish)
+        self.started = self.timers.clock.seconds()
+        self.endCall = self.timers.later(self.giveUpAt - self.started, self._end)
+        self.timers.whenClosed(self._finish)
         self._tick()
         return self.result
 
     def _finish(self, value: Any) -> None:
-        self.client._onClose.discard(self._finish)
+        self.timers.forget(self._finish)
         if self.result.called:
             return
-        self.client._cancel(self.tickCall)
-        self.client._cancel(self.endCall)
+        self.timers.cancel(self.tickCall)
+        self.timers.cancel(self.endCall)
         if isinstance(value, Exception):
             self.result.errback(value)
         else:
@@ -111,7 +99,7 @@ class Retried:
         self.sends += 1
         at = self.started + self.sends * self.every
         if at < self.giveUpAt - EPSILON:
-            self.tickCall = self.client._later(at - self.client.clock.seconds(), self._tick)
+            self.tickCall = self.timers.later(at - self.timers.clock.seconds(), self._tick)
 
     def _end(self) -> None:
         self.endCall = None
@@ -134,7 +122,7 @@ class Retried:
             self._finish(Abandoned())
             return
         assert slot.protocol is not None
-        sentAt = self.client.clock.seconds()
+        sentAt = self.timers.clock.seconds()
         self.carrying.add(id(slot))
         d = slot.protocol.request(self.op, self.key, self.line)
         d.addCallbacks(lambda fields: self._answered(slot, fields, sentAt),

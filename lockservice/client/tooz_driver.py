@@ -384,7 +384,7 @@ class LockserviceDriver(coordination.CoordinationDriverCachedRunWatchers):
     def _election(self, group_id: bytes) -> bytes:
         return b"tooz-leader/" + _bytes(group_id)
 
-    def run_elect_coordinator(self) -> List[Any]:
+    def run_elect_coordinator(self) -> List[Any]:  # type: ignore[override]
         """
         Try (without waiting) to lead every group with an elected-leader
         watch; the watches of a group this member now leads are run.
@@ -419,7 +419,8 @@ class LockserviceDriver(coordination.CoordinationDriverCachedRunWatchers):
         except ReleaseFailed:
             return False
 
-    def get_leader(self, group_id: bytes) -> coordination.CoordAsyncResult[Optional[bytes]]:
+    def get_leader(  # type: ignore[override]
+            self, group_id: bytes) -> coordination.CoordAsyncResult[Optional[bytes]]:
         def leader() -> Optional[bytes]:
             who = self._connected().leader(self._election(group_id))
             return None if who is None or who.value is None else who.value.encode("utf-8")
