@@ -38,7 +38,7 @@ def test_echo_ceiling_and_table() -> None:
     from lockservice.testing.harness import freePort
 
     port = freePort()
-    echo = bench._startEcho(port)
+    echo = bench.startEcho(port)
     try:
         result = bench.run(f"127.0.0.1:{port}", "echo", 2, 1, duration=0.5, warmup=0.2,
                            progress=False)
@@ -112,4 +112,4 @@ def test_sharded_run_sends_each_key_to_the_cluster_that_owns_it(spawn) -> None: 
     # and the keys a worker used are those rendezvous hashing gives its cluster
     ids = [n.address.encode() for n in nodes]
     for mine in (0, 1):
-        assert choose(ids, bench._keyOn(b"k0-0-0", (ids, mine))) == mine
+        assert choose(ids, bench.keyOn(b"k0-0-0", (ids, mine))) == mine

@@ -1,0 +1,5 @@
+import sys
+
+from lockservice.bench.cli import main
+
+sys.exit(main())
