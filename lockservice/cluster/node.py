@@ -36,6 +36,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from lockservice.cluster import clocktrust, terms
+from lockservice.cluster import serving as states
 from lockservice.cluster.following import Following
 from lockservice.cluster.handoff import Handoffs
 from lockservice.cluster.healing import Healing
@@ -53,7 +54,7 @@ from lockservice.cluster.peer import PeerChannel
 from lockservice.cluster.receiving import Receiver
 from lockservice.cluster.released import Releases
 from lockservice.cluster.replication import ACK, Stream
-from lockservice.cluster.serving import Gate, unsubscribed
+from lockservice.cluster.serving import Gate, NodeState, activeState, stateOf, unsubscribed
 from lockservice.core import election
 from lockservice.core.election import (
     ACTIVE,
@@ -65,6 +66,7 @@ from lockservice.core.election import (
     PeerView,
     SelfView,
 )
+from lockservice.server import modes
 from lockservice.server.clock import wallMicros as systemWallMicros
 from lockservice.server.service import LockService
 from lockservice.tcp import clientEndpoint
@@ -121,7 +123,9 @@ class Cluster(Service):
         self.views: Dict[int, PeerView] = {
             j: PeerView() for j in range(len(peers)) if j != self.me
         }
-        self.role = SYNCING
+        # Its state (serving.py): the role it shows, and what its lock
+        # service does.
+        self.nodeState = NodeState(self._unexpectedMove)
         self.term = 0
         self.leader: Optional[int] = None
         self.promotions = 0
@@ -156,7 +160,7 @@ class Cluster(Service):
         locks.groups.registry.observers.append(self.stream)
         locks.answers.gate = self.stream
         locks.beforeTurnHooks.append(self.heartbeats.notJustResumed)
-        locks.setRole(SYNCING, None)
+        self._enter(states.SYNCING)
 
     def _tcpEndpoint(self, j: int) -> Any:
         return tcpEndpoint(self.reactor, self.peers[j], self.peerTimeout)
@@ -165,6 +169,20 @@ class Cluster(Service):
 
     def name(self, j: int) -> str:
         return self.peers[j].decode()
+
+    @property
+    def role(self) -> str:
+        """
+        This node's role (lockservice.core.election's), as its state shows it.
+        """
+        return self.nodeState.role
+
+    @property
+    def state(self) -> str:
+        """
+        This node's state (see serving.py), shown on /status.
+        """
+        return self.nodeState.current
 
     @property
     def serving(self) -> bool:
@@ -392,8 +410,11 @@ class Cluster(Service):
                 "node fails", peers=names, seconds=verdict.servingWithout,
                 event="serving_without_peers")
         if not verdict.changed:
+            if active:
+                # Frozen still, maybe for another reason (its peers read).
+                self.nodeState.move(activeState(self.servingGate))
             return
-        self.locks.setRole(ACTIVE if self.serving else HANDING_OFF, self.activeAddress())
+        self._enter(activeState(self.servingGate))
         if self.serving:
             self.healing.serving()
             self.log.info("serving: {peers} live peer(s) receive the stream "
@@ -439,20 +460,37 @@ class Cluster(Service):
             self.handoffs.start(action.peer, stopping=False)
 
     def setRole(self, role: str) -> None:
+        """
+        Take C{role}: the state it means (an active node's is its serving
+        gate's call).
+        """
         gate = self.servingGate
         if role == ACTIVE and self.role != ACTIVE:
             gate.becameActive(self.clock.seconds())
         if role not in (ACTIVE, HANDING_OFF) and self.role in (ACTIVE, HANDING_OFF):
             self.stream.leadNoMore()
-        self.role = role
         # Frozen until every live peer receives our stream (see gate).
         gate.serving = role == ACTIVE and not self.unsubscribed()
-        if role != ACTIVE:
-            self.locks.setRole(role, self.activeAddress())
-        elif gate.serving:
-            self.locks.setRole(ACTIVE, self.activeAddress())
+        self._enter(stateOf(role, gate))
+
+    def _enter(self, state: str) -> None:
+        """
+        Move to C{state}, and have the lock service do what it means:
+        serve, freeze, or redirect to the active.
+        """
+        self.nodeState.move(state)
+        if state == states.SERVING:
+            mode = modes.SERVING
+        elif state in states.FROZEN:
+            mode = modes.FROZEN
         else:
-            self.locks.setRole(HANDING_OFF, None)
+            mode = modes.REDIRECTING
+        self.locks.setMode(mode, self.activeAddress(), self.role)
+
+    def _unexpectedMove(self, before: str, to: str) -> None:
+        self.log.error("internal error: this node moved from state {before} to {to}, "
+                       "which serving.MOVES does not list", before=before, to=to,
+                       event="unexpected_state_move")
 
     def _promote(self) -> None:
         # Our copy of our leader's stream goes at least as far as any live

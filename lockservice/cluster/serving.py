@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_serving -*-
 """
-When an active node may serve its clients: the serving
-gate.
+The states a node is in, and when an active node may serve its clients:
+the serving gate.
 
 An active node serves client changes only while every live peer it
 knows of receives its stream: right after a promotion or a takeover, the
@@ -18,15 +18,138 @@ standby may have promoted, and its news waits unread in our sockets,
 behind the requests that piled up.
 
 Pure: the caller says what it sees and passes the time; it logs and acts
-on the L{Verdict}.
+on the L{Verdict}, and moves its L{NodeState}.
+
+A node's states, the role each shows (heartbeats, C{/status} C{role})
+and what its lock service does then (L{lockservice.server.modes}):
+
+    state               role         lock service
+    syncing             syncing      redirects   copying its leader's state
+    standby             standby      redirects   a copy in step with its leader
+    awaiting-standbys   active       frozen      until every live peer takes
+                                                 its stream (or SUBSCRIBE_BOUND)
+    reading-peers       active       frozen      it did not run for a while:
+                                                 reads what its peers sent first
+    serving             active       serves
+    handing-off         handing-off  frozen      its locks go to a successor
+    leaving             leaving      redirects   stopping, for good
+
+The lock service of a frozen node shows the role C{handing-off}, whatever
+the reason; C{/status} C{state} says which.  The moves (L{MOVES}):
+
+    syncing            -> standby (synchronised; or its clock is suspect),
+                          awaiting-standbys | serving (promoted)
+    standby            -> syncing (its clock is trusted again),
+                          awaiting-standbys | serving (promoted, took over)
+    awaiting-standbys  -> serving (every live peer takes the stream)
+    serving            -> awaiting-standbys (a live peer does not take it),
+                          reading-peers (did not run for a while)
+    reading-peers      -> serving | awaiting-standbys (read its peers)
+    any active state   -> handing-off (a higher-priority standby is in step),
+                          standby (stepped down: split brain, clock suspect)
+    handing-off        -> standby | leaving (handed off),
+                          awaiting-standbys | serving (the handoff failed)
+    any but leaving    -> leaving (a graceful stop)
 """
 
 from __future__ import annotations
 
 from math import inf
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, NamedTuple, Optional
 
-from lockservice.core.election import LEAVING, PeerView
+from lockservice.core import election
+from lockservice.core.election import PeerView
+
+SYNCING = "syncing"
+STANDBY = "standby"
+AWAITING_STANDBYS = "awaiting-standbys"
+READING_PEERS = "reading-peers"
+SERVING = "serving"
+HANDING_OFF = "handing-off"
+LEAVING = "leaving"
+
+# The role each state shows (lockservice.core.election's roles).
+ROLE_OF: Dict[str, str] = {
+    SYNCING: election.SYNCING,
+    STANDBY: election.STANDBY,
+    AWAITING_STANDBYS: election.ACTIVE,
+    READING_PEERS: election.ACTIVE,
+    SERVING: election.ACTIVE,
+    HANDING_OFF: election.HANDING_OFF,
+    LEAVING: election.LEAVING,
+}
+
+# The states in which the node's lock service is frozen (it serves
+# nothing, and its waiters stay its own).
+FROZEN: FrozenSet[str] = frozenset((AWAITING_STANDBYS, READING_PEERS, HANDING_OFF))
+
+_ACTIVE = frozenset((AWAITING_STANDBYS, READING_PEERS, SERVING))
+
+# Where each state may go next (besides staying).  Which of the active
+# states a node enters is its serving gate's call (L{activeState}).
+MOVES: Dict[str, FrozenSet[str]] = {
+    SYNCING: _ACTIVE | {STANDBY, LEAVING},
+    STANDBY: _ACTIVE | {SYNCING, LEAVING},
+    AWAITING_STANDBYS: _ACTIVE | {HANDING_OFF, STANDBY, LEAVING},
+    READING_PEERS: _ACTIVE | {HANDING_OFF, STANDBY, LEAVING},
+    SERVING: _ACTIVE | {HANDING_OFF, STANDBY, LEAVING},
+    HANDING_OFF: _ACTIVE | {STANDBY, LEAVING},
+    LEAVING: frozenset(),
+}
+
+
+class NodeState:
+    """
+    The node's state (one of L{MOVES}' keys), moved only along L{MOVES}.
+
+    @ivar current: the state now.
+    """
+
+    def __init__(self, unexpected: Callable[[str, str], None]) -> None:
+        """
+        @param unexpected: told of a move L{MOVES} does not list, as
+            C{(from, to)} (a bug: it is logged, and the move made all the
+            same, so the node goes on doing what it was told).
+        """
+        self.current = SYNCING
+        self._unexpected = unexpected
+
+    @property
+    def role(self) -> str:
+        """
+        The role the current state shows.
+        """
+        return ROLE_OF[self.current]
+
+    def move(self, to: str) -> bool:
+        """
+        Go to state C{to}.
+
+        @return: whether the state changed.
+        """
+        before = self.current
+        if to == before:
+            return False
+        if to not in MOVES[before]:
+            self._unexpected(before, to)
+        self.current = to
+        return True
+
+
+def activeState(gate: "Gate") -> str:
+    """
+    The state of an active node whose serving gate is C{gate}.
+    """
+    if gate.serving:
+        return SERVING
+    return READING_PEERS if gate.resuming else AWAITING_STANDBYS
+
+
+def stateOf(role: str, gate: "Gate") -> str:
+    """
+    The state of a node that takes C{role}, given its serving gate.
+    """
+    return activeState(gate) if role == election.ACTIVE else role
 
 # How long a new active waits for a live peer that does not subscribe to
 # its stream before it serves anyway (in units of --peer-timeout): a peer
@@ -51,7 +174,7 @@ def unsubscribed(me: int, views: Mapping[int, PeerView], inbound: Mapping[int, A
     nothing to wait for.
     """
     return [j for j, v in views.items()
-            if v.alive and v.role != LEAVING and not v.clockSuspect
+            if v.alive and v.role != election.LEAVING and not v.clockSuspect
             and not (j in inbound and inbound[j].replicating and v.leader == me)]
 
 

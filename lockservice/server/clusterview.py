@@ -26,5 +26,7 @@ class ClusterView(Protocol):
     lastHeard: Dict[int, float]
     # Why this node distrusts its own clock and stands by, or None.
     clockSuspect: Optional[str]
+    # Its state (lockservice.cluster.serving): shown on /status.
+    state: str
 
     def activeAddress(self) -> Optional[bytes]: ...

@@ -14,9 +14,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 from twisted.internet.interfaces import IReactorTime
 
 from lockservice.core import wire
-from lockservice.core.election import ACTIVE
 from lockservice.core.table import EXCLUSIVE, Grant, HandOverFailed, LockTable, Waiter
 from lockservice.server.deadlines import Alarm, LeaseDeadlines
+from lockservice.server.modes import SERVING
 from lockservice.server.monitor import ActivityObserver
 from lockservice.server.observers import Observers
 from lockservice.server.observing import KeyObservers
@@ -33,7 +33,7 @@ class Grants:
 
     table: LockTable
     clock: IReactorTime
-    role: str
+    mode: str
     lockDelay: float
     stats: Stats
     notify: Observers
@@ -110,7 +110,7 @@ class Grants:
         also ends every place of the key kept by the lock-delay (C{token}
         may name one).  C{reply} hears C{R key OK} when anything ended.
         """
-        if self.role != ACTIVE:
+        if self.mode != SERVING:
             self.release(key, token, reply)
             return
         answers: List[bytes] = []

@@ -12,7 +12,6 @@ from typing import Callable, List, Optional
 from twisted.internet.interfaces import IReactorTime
 
 from lockservice.core import wire
-from lockservice.core.election import ACTIVE
 from lockservice.core.groups import OK, GroupRecord, Registry, escape
 from lockservice.core.groupwire import GroupRequest, answer
 
@@ -23,10 +22,14 @@ class GroupService:
     """
 
     def __init__(self, clock: IReactorTime, wallMicros: Callable[[], int],
-                 role: Callable[[], str], activeAddress: Callable[[], Optional[bytes]]) -> None:
+                 serving: Callable[[], bool],
+                 activeAddress: Callable[[], Optional[bytes]]) -> None:
+        """
+        @param serving: whether this node serves now (else it redirects).
+        """
         self.clock = clock
         self.wallMicros = wallMicros
-        self.role = role
+        self.serving = serving
         self.activeAddress = activeAddress
         self.registry = Registry()
 
@@ -34,7 +37,7 @@ class GroupService:
         """
         The answer to C{request}.
         """
-        if self.role() != ACTIVE:
+        if not self.serving():
             return wire.redirect(request.op, request.key, self.activeAddress())
         registry = self.registry
         now = self.clock.seconds()

@@ -90,6 +90,10 @@ def status(locks: LockService, cluster: Optional[ClusterView],
     data: Dict[str, Any] = {
         "node": node,
         "role": locks.role,
+        # What the node is doing now (lockservice.cluster.serving's states;
+        # a node without peers: its lock service's mode): the role alone
+        # says handing-off whenever the node is frozen, for any reason.
+        "state": getattr(cluster, "state", None) or locks.mode,
         "term": term,
         "active": active,
         "peers": peers,

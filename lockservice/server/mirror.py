@@ -18,10 +18,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from twisted.internet.interfaces import IReactorTime
 
-from lockservice.core.election import ACTIVE, HANDING_OFF
 from lockservice.core.table import EXCLUSIVE, Change, Holder, LockTable
 from lockservice.server.deadlines import LeaseDeadlines
 from lockservice.server.groups import GroupService
+from lockservice.server.modes import FROZEN, SERVING
 from lockservice.server.observers import Observers
 from lockservice.server.observing import KeyObservers
 from lockservice.server.stats import Stats
@@ -37,7 +37,7 @@ class Mirroring:
 
     table: LockTable
     clock: IReactorTime
-    role: str
+    mode: str
     activeAddress: Optional[bytes]
     leases: LeaseDeadlines
     notify: Observers
@@ -90,9 +90,9 @@ class Mirroring:
         """
         now = self.clock.seconds()
         self.table.install(key, token, now - age, now + remaining, share, name, delayed)
-        if self.role == ACTIVE:
+        if self.mode == SERVING:
             self._fileLease(key, token, now + remaining, self.table.isShared(key))
-        elif self.role == HANDING_OFF:
+        elif self.mode == FROZEN:
             # Armed when it serves again.
             self.leases.file(key, token, now + remaining, self.table.isShared(key))
 
@@ -106,16 +106,16 @@ class Mirroring:
         """
         table = self.table
         install, drop = table.install, table.drop
-        role = self.role
-        if role == ACTIVE or role == HANDING_OFF:
-            fileLease = self._fileLease if role == ACTIVE else self.leases.file
+        mode = self.mode
+        if mode == SERVING or mode == FROZEN:
+            fileLease = self._fileLease if mode == SERVING else self.leases.file
             merged = 0
             for key, token, grantedAt, expiresAt, share, name, delayed in changes:
                 if expiresAt is None:
                     drop(key, token)
                     continue
                 install(key, token, grantedAt, expiresAt, share, name, delayed)
-                # (Armed when a handing-off node serves again.)
+                # (Armed when a frozen node serves again.)
                 fileLease(key, token, expiresAt, table.isShared(key))
                 merged += 1
             self.stats.merged += merged

@@ -44,7 +44,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from lockservice.core import events as ev
-from lockservice.core.election import ACTIVE, HANDING_OFF
+from lockservice.core.election import ACTIVE
 from lockservice.core.events import EventRing
 from lockservice.core.series import Series
 from lockservice.core.sketch import KeyStats
@@ -53,6 +53,7 @@ from lockservice.server import changelog
 from lockservice.server.changelog import FOLD_AT, ChangeLog
 from lockservice.server.deadlocks import DEADLOCKS_LISTED, DeadlockChecks, SharedTable
 from lockservice.server.longholds import HeldKey, LongHolds
+from lockservice.server.modes import OWN_TABLE, modeOf
 
 # Why a queued acquire stopped waiting without a grant.
 TIMEOUT = ev.TIMEOUT
@@ -133,9 +134,13 @@ class Releaser(Protocol):
                      reply: Callable[[bytes], object]) -> None: ...
 
 
-# The roles whose grants and queues are watched: handing off is a frozen
-# active (its queues stay).
-_WATCHED = (ACTIVE, HANDING_OFF)
+
+def _watched(role: str) -> bool:
+    """
+    Whether the grants and queues of a node that shows C{role} are
+    watched: its table is its own, serving or frozen (its queues stay).
+    """
+    return modeOf(role) in OWN_TABLE
 
 
 class Lane:
@@ -367,19 +372,19 @@ class Monitor:
         Only the active node's grants and queues are watched: what a
         standby mirrors comes and goes by replication, unseen here.  A node
         that becomes active starts from the grants it holds then (learned
-        by replication, so their holders may be unknown).  Handing off is
-        still active for this: the node is frozen, its grants and queues
-        stay (an active holds back so for a moment when a peer joins), so
-        nothing is forgotten or gone through again.
+        by replication, so their holders may be unknown).  A frozen node
+        is still active for this: its grants and queues stay (an active
+        holds back so for a moment when a peer joins), so nothing is
+        forgotten or gone through again.
         """
         before, self._role = self._role, role
-        if (role in _WATCHED) == (before in _WATCHED):
+        if _watched(role) == _watched(before):
             return
         self._holds.clear()
         self.graph.clear()
         self._checks.forgetWaits()
         self.stop()  # timers and long-hold deadlines start again from here
-        if role not in _WATCHED:
+        if not _watched(role):
             return
         # The wait-for graph reads the holders from the table (those that
         # came by replication have no connection: unknown to it).
@@ -461,7 +466,7 @@ class Monitor:
         and watched for long holds; a standby's mirror is not watched (see
         L{roleChanged}), so its batches are skipped at once.
         """
-        if self._role not in _WATCHED:
+        if not _watched(self._role):
             return
         for key, token, grantedAt, expiresAt, *_ in changes:
             if expiresAt is None:

@@ -14,8 +14,8 @@ leases and ends waits, and says what changed.  Its rooms, one job each:
     stats.py      the plain counters
     mirror.py     what the cluster drives: tokens, redirects, the mirror
 
-Whether this node may serve at all (active or standby) is decided by the
-cluster layer through L{LockService.setRole}.  Connections, and who may
+Whether this node serves, is frozen or redirects (L{lockservice.server.modes})
+is decided by the cluster layer through L{LockService.setMode}.  Connections, and who may
 connect, are L{lockservice.server.protocol} and
 L{lockservice.server.admission}.
 """
@@ -29,7 +29,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from lockservice.core import wire
-from lockservice.core.election import ACTIVE, HANDING_OFF
+from lockservice.core.election import ACTIVE
 from lockservice.core.table import (
     EXCLUSIVE,
     HandOverFailed,
@@ -44,6 +44,7 @@ from lockservice.server.deadlines import TIMER_BUDGET
 from lockservice.server.grants import Grants
 from lockservice.server.groups import GroupService
 from lockservice.server.mirror import Mirroring
+from lockservice.server.modes import OWN_TABLE, REDIRECTING, SERVING, modeOf, roleShown
 from lockservice.server.monitor import REDIRECT, TIMEOUT, WITHDRAWAL, ActivityObserver
 from lockservice.server.observers import ChangeObserver, Observers
 from lockservice.server.observing import DEFAULT_MAX_OBSERVERS, KeyObservers, Observation
@@ -68,11 +69,6 @@ __all__ = [
 # (a held key costs a few hundred bytes, a waiter about as much).
 DEFAULT_MAX_KEYS = 1_000_000
 DEFAULT_MAX_WAITERS = 10_000
-
-# The roles in which lease deadlines are kept filed (only an active node
-# expires them).
-_FILED = (ACTIVE, HANDING_OFF)
-
 
 class LockService(Grants, Mirroring, Service):
     """
@@ -126,6 +122,9 @@ class LockService(Grants, Mirroring, Service):
         self.beforeAnswerHooks = gate.hooks
         self.answers = AnswerTurn(clock, gate, self._internalError)
         self.beforeTurnHooks = self.answers.onOpen
+        # What this node does with requests (modes.py), and the role it
+        # shows for it (/status, metrics, the peers' heartbeats).
+        self.mode = SERVING
         self.role = ACTIVE
         self.activeAddress: Optional[bytes] = None
         self.startedAt = clock.seconds()
@@ -137,7 +136,7 @@ class LockService(Grants, Mirroring, Service):
         timers = self.timers
         self.waits, self.leases, self.alarm = timers.waits, timers.leases, timers.alarm
         self.chores = Chores(clock, self._inTurn, self._internalError)
-        self.groups = GroupService(clock, wallMicros, lambda: self.role,
+        self.groups = GroupService(clock, wallMicros, lambda: self.mode == SERVING,
                                    lambda: self.activeAddress)
         self.observing = KeyObservers(self.table.newest, self.runInChunks,
                                       lambda work: clock.callLater(0, work), maxObservers)
@@ -170,37 +169,43 @@ class LockService(Grants, Mirroring, Service):
         """
         self.chores.run(work)
 
-    # -- role ------------------------------------------------------------
+    # -- mode (see modes.py) ----------------------------------------------
 
     def setRole(self, role: str, activeAddress: Optional[bytes]) -> None:
         """
-        Change what this node does with requests.
-
-        Only an active node grants, releases and runs lease timers.  While
-        handing off, the node is frozen: new requests are answered
-        C{M ... *}, queued waiters stay queued until the successor has taken
-        over.  In any other role queued waiters are redirected to
-        C{activeAddress}, and they move there.
+        Show C{role} and do what it means (L{modes.modeOf}): C{active}
+        serves, C{handing-off} is frozen, any other redirects to
+        C{activeAddress}.
         """
-        before = self.role
-        self.role = role
-        self.timers.expiring = role == ACTIVE
+        self.setMode(modeOf(role), activeAddress, role)
+
+    def setMode(self, mode: str, activeAddress: Optional[bytes],
+                role: Optional[str] = None) -> None:
+        """
+        Change what this node does with requests (see L{lockservice.server.modes}):
+        serve, freeze, or redirect to C{activeAddress}, showing C{role}
+        (what a redirecting node is: standby, syncing or leaving).
+        """
+        before = self.mode
+        self.mode = mode
+        self.role = roleShown(mode, role)
+        self.timers.expiring = mode == SERVING
         self.activeAddress = activeAddress
-        self.notify.roleChanged(self.clock.seconds(), role, self.table.holders)
-        # Lease deadlines stay filed while handing off (frozen: none
-        # expires, and the table changes only by a merge, filed too): an
-        # active that holds back for a moment (a peer joining must get the
-        # stream first) must not refile every held key when it goes on
-        # (a million keys: about 0.4 s of frozen reactor).
-        if before in _FILED and role not in _FILED:
+        self.notify.roleChanged(self.clock.seconds(), self.role, self.table.holders)
+        # Lease deadlines stay filed while frozen (none expires, and the
+        # table changes only by a merge, filed too): an active that holds
+        # back for a moment (a peer joining must get the stream first)
+        # must not refile every held key when it goes on (a million keys:
+        # about 0.4 s of frozen reactor).
+        if before in OWN_TABLE and mode not in OWN_TABLE:
             self.leases.clear()
-        if role in _FILED and before not in _FILED:
-            # A standby files no leases: a promotion files every mirrored
-            # one, whether the new active serves at once or is first
-            # frozen until its peers take its stream.
+        if mode in OWN_TABLE and before not in OWN_TABLE:
+            # A redirecting node files no leases: a promotion files every
+            # mirrored one, whether the new active serves at once or is
+            # first frozen until its peers take its stream.
             self.timers.fileAll()
-        self.alarm.rearm()  # leases are due only on an active node
-        if role not in (ACTIVE, HANDING_OFF):
+        self.alarm.rearm()  # leases are due only while serving
+        if mode == REDIRECTING:
             outer = self.answers.open()
             try:
                 for waiter in self._takeWaiters():
@@ -215,10 +220,10 @@ class LockService(Grants, Mirroring, Service):
 
     def serving(self) -> bool:
         """
-        Whether this node still has clients' waits of its own: active, or
-        handing off (frozen, but its waiters are still its own).
+        Whether this node still has clients' waits of its own: serving, or
+        frozen (its waiters are still its own).
         """
-        return self.role in _FILED
+        return self.mode in OWN_TABLE
 
     def beforeAnswer(self) -> bool:
         """
@@ -238,7 +243,7 @@ class LockService(Grants, Mirroring, Service):
             None when it is queued (the connection is told later through
             C{finish}).
         """
-        if self.role != ACTIVE:
+        if self.mode != SERVING:
             self.stats.redirects += 1
             return wire.redirect(b"A", waiter.key, self.activeAddress)
         # A free key with waiters never exists, so "keys held or queued
@@ -277,7 +282,7 @@ class LockService(Grants, Mirroring, Service):
         observers heard of it, in the same turn as the key's next waiter
         hears of its grant (which goes to its socket first: see turn.py).
         """
-        if self.role != ACTIVE:
+        if self.mode != SERVING:
             self.stats.redirects += 1
             reply(wire.redirect(b"R", key, self.activeAddress))
             return
@@ -297,7 +302,7 @@ class LockService(Grants, Mirroring, Service):
         """
         Extend C{token}'s hold on C{key} to C{lease} seconds from now.
         """
-        if self.role != ACTIVE:
+        if self.mode != SERVING:
             self.stats.redirects += 1
             reply(wire.redirect(b"N", key, self.activeAddress))
             return
@@ -327,7 +332,7 @@ class LockService(Grants, Mirroring, Service):
         C{finishObserve}).
         """
         key = observation.key
-        if self.role != ACTIVE:
+        if self.mode != SERVING:
             self.stats.redirects += 1
             return wire.redirect(b"O", key, self.activeAddress)
         observing = self.observing
@@ -408,7 +413,7 @@ class LockService(Grants, Mirroring, Service):
     def _grantPending(self) -> Iterator[None]:
         table = self.table
         try:
-            while self.role == ACTIVE:
+            while self.mode == SERVING:
                 key = table.nextPending()
                 if key is None:
                     return
