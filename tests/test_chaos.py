@@ -17,7 +17,7 @@ import pytest
 
 from lockservice.testing import netns
 from lockservice.testing.harness import twistdEnvironment
-from lockservice.verify.chaos import (
+from lockservice.verify.history import (
     Access,
     AcquireRecord,
     Fault,
