@@ -355,6 +355,10 @@ LONG = 3_000_000
 
 
 def _big_token_state(directory: Path) -> None:
+    """
+    A --state-dir whose token high-water mark is BIG_TOKEN_MARK (a lone
+    node's state file, written with the node's own lockservice.state).
+    """
     from lockservice import state
 
     directory.mkdir(parents=True, exist_ok=True)
