@@ -266,7 +266,7 @@ def test_cli_runs_under_the_asyncio_reactor(spawn) -> None:  # type: ignore[no-u
 def test_events_and_force_release_against_a_real_node(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]
     httpPort = freePort()
     secret = tmp_path / "admin-secret"
-    secret.write_text("s3cret\n")
+    secret.write_text("s3cret-admin-token\n")
     node = spawn(args=["--http", f"tcp:{httpPort}:interface=127.0.0.1",
                        "--admin-secret", str(secret)])
     http = f"http://127.0.0.1:{httpPort}"

@@ -221,7 +221,7 @@ def test_force_release_is_replicated(cluster, tmp_path) -> None:  # type: ignore
     shows the next waiter's grant, not the released one.
     """
     secretFile = tmp_path / "admin-secret"
-    secretFile.write_text("s3cret\n")
+    secretFile.write_text("s3cret-admin-token\n")
     ports = [freePort(), freePort()]
     c = cluster(2, start=False)
     for node, port in zip(c.nodes, ports, strict=True):
@@ -236,14 +236,14 @@ def test_force_release_is_replicated(cluster, tmp_path) -> None:  # type: ignore
         waitFor(lambda: get(ports[0], "/status")["waiters"] == 1, 10, what="queued")
         waitFor(lambda: get(ports[1], "/locks?key=shared").get("token") == int(old), 10,
                 what="grant replicated")
-        code, answer = post(ports[1], "/locks/shared/release", "s3cret", "on the standby")
+        code, answer = post(ports[1], "/locks/shared/release", "s3cret-admin-token", "on the standby")
         assert code == 409 and answer["active"] == c.nodes[0].address
         # The CLI says so with its own status: the node was reached (not 69).
         standby = cli("release", "--force", "shared", "--reason", "x", "--admin-secret",
                       str(secretFile), "--http", f"http://127.0.0.1:{ports[1]}")
         assert standby.returncode == 3, standby
         assert b"not active" in standby.stderr and b"Traceback" not in standby.stderr
-        code, answer = post(ports[0], "/locks/shared/release", "s3cret", "stuck")
+        code, answer = post(ports[0], "/locks/shared/release", "s3cret-admin-token", "stuck")
         assert code == 200
         new = int(nxt.readline().split()[2])
         assert answer["next_token"] == new > int(old)
