@@ -1,0 +1,5 @@
+import sys
+
+from lockservice.cli import main
+
+sys.exit(main())
