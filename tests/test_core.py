@@ -469,7 +469,8 @@ class Model:
             assert (grant[0], grant[2]) == held if grant else held is None
             waiting = [i for i in self.queueOrder[key] if self.fate[i] == "waiting"]
             assert table.queueLength(key) == len(waiting)
-        used = set(table._keys.values())
+        used = {slot for key in table.keys() for _, slot in table._slotsOf(key)}
+        assert used == set(table._keys.values())  # one grant per exclusive key
         free = set(table._free)
         assert len(used) == len(table) and len(free) == len(table._free)
         assert not used & free and used | free == set(range(len(table._clients)))

@@ -433,9 +433,12 @@ class Model:
         assert grants <= table.grantCount() <= grants + len(table)
         assert sorted(g[1] for g in table.everyGrant()) == sorted(
             int(h[0]) for hs in self.holders.values() for h in hs.values())
-        used = set(table._keys.values())
+        # Every slot is one grant's (or a key's) or free, never both.
+        used = [slot for key in table.keys() for _, slot in table._slotsOf(key)]
+        assert len(set(used)) == len(used) and set(table._keys.values()) <= set(used)
         free = set(table._free)
-        assert not used & free and used | free == set(range(len(table._clients)))
+        assert len(free) == len(table._free)
+        assert not set(used) & free and set(used) | free == set(range(len(table._clients)))
 
 
 @settings(max_examples=400, deadline=None)

@@ -27,32 +27,41 @@ def describeKind(kind: int) -> str:
     return "read-write" if kind == READ_WRITE else f"a semaphore of {kind} slots"
 
 
+def fits(held: int, count: int, share: int) -> bool:
+    """
+    Whether a grant of C{share} fits beside the C{count} grants of a key
+    that hold it as C{held} (every grant of a key holds it alike): beside
+    none, anything; readers beside readers, never a writer; at most n
+    grants of a semaphore of n; never a grant of another kind (or another
+    slot count).
+    """
+    if not count:
+        return True
+    if held > EXCLUSIVE:
+        return share == held and count < held
+    return held == READ and share == READ
+
+
 def fitTogether(grants: List[Tuple[int, int]]) -> List[int]:
     """
     Which of C{grants} (C{(token, share)}, from two sides of a heal) a key
-    keeps: highest tokens first, each one that fits beside those kept
-    already (readers beside readers, a writer alone, at most n grants of a
-    semaphore of n).  The highest token sets the key's kind; a grant of
-    another kind (or another slot count) never fits.  So when both sides'
-    grants fit together all are kept, and otherwise the side with the
-    highest token keeps its own.
+    keeps: highest tokens first, each one that L{fits} beside those kept
+    already.  The highest token sets how the key is held, so when both
+    sides' grants fit together all are kept, and otherwise the side with
+    the highest token keeps its own.
 
     @return: the tokens kept, highest first.
     """
     kept: List[int] = []
-    kind = 0
-    writer = False
+    held = EXCLUSIVE
     seen = set()
     for token, share in sorted(grants, reverse=True):
         if token in seen:
             continue  # the same grant on both sides
         seen.add(token)
         if not kept:
-            kind, writer = kindOf(share), share == EXCLUSIVE
-            kept.append(token)
-        elif kindOf(share) != kind or writer or share == EXCLUSIVE:
-            continue
-        elif kind == READ_WRITE or len(kept) < kind:
+            held = share
+        if fits(held, len(kept), share):
             kept.append(token)
     return kept
 

@@ -20,16 +20,17 @@ from lockservice.core.shares import (
     READ_WRITE,
     ShareMismatch,
     describeKind,
+    fits,
     fitTogether,
     kindOf,
 )
 from lockservice.core.tokens import MAX_TOKEN, TokenExhausted, TokenIssuer
-from lockservice.core.waiters import Waiter, WaitQueue, identOf, nameOf
+from lockservice.core.waiters import Waiter, WaitQueue, nameOf
 
 __all__ = [
     "MAX_TOKEN", "Change", "EXCLUSIVE", "READ", "READ_WRITE", "Grant", "HandOverFailed",
     "Holder", "LockTable", "ShareMismatch", "StaleHolder", "TokenExhausted", "TokenIssuer",
-    "WaitQueue", "Waiter", "describeKind", "fitTogether", "identOf", "kindOf", "nameOf",
+    "WaitQueue", "Waiter", "describeKind", "fitTogether", "kindOf", "nameOf",
 ]
 
 # One replicated change (a standby's stream, a snapshot, a heal's merge):
@@ -40,104 +41,63 @@ __all__ = [
 Change = Tuple[bytes, int, float, Optional[float], int, Optional[bytes], bool]
 
 
-class _Extra:
+# A grant's state: LIVE holds its key; KEPT expired and only keeps its
+# place until the lock-delay ends (its expiry is then that end; see
+# LockTable.startDelay); ENDED is a key's last slot whose grant a heal
+# dropped while waiters wait, kept for the grant the heal installs next.
+LIVE = "live"
+KEPT = "kept"
+ENDED = "ended"
+
+
+class _GrantInfo:
     """
-    What only some held keys need besides their holder: a renewal count,
-    a queue of waiters, the grants of a shared key.  Kept in the table's
-    client list in place of the bare client, for a key that was renewed,
-    is waited for or is shared.
+    What only some grants need besides their client: a renewal count, or
+    a state other than L{LIVE}.  Kept in the table's client column in
+    place of the bare client, for a grant that was renewed or expired.
     """
 
-    __slots__ = ("client", "renewals", "queue", "shared", "delayed")
+    __slots__ = ("client", "renewals", "state")
 
     def __init__(self, client: object) -> None:
         self.client = client
         self.renewals = 0
-        self.queue: Optional[WaitQueue] = None
-        # True while the slot's grant has expired and only keeps its place
-        # until the lock-delay ends (then the slot's expiry is that end).
-        self.delayed = False
-        # Set while the key is held in shared form (then client and
-        # renewals are unused: each grant keeps its own).
-        self.shared: Optional[_Shared] = None
+        self.state = LIVE
 
 
-class _SharedGrant:
+class _Key:
     """
-    One grant of a shared key (its token is its key in L{_Shared.grants}).
+    What a key has beyond one exclusive grant: readers or a semaphore's
+    grants, or waiters.  Kept in the table's C{_records} for such a key;
+    a key held by one exclusive grant with nobody waiting has none (the
+    slot of its grant is all it costs).
 
-    @ivar name: its holder name (see L{identOf}).
-    @ivar delayed: True once it expired and only keeps its place until the
-        lock-delay ends (then C{expiresAt} is that end).
-    """
-
-    __slots__ = ("grantedAt", "expiresAt", "client", "renewals", "name", "delayed")
-
-    def __init__(self, grantedAt: float, expiresAt: float, client: object,
-                 name: Optional[bytes]) -> None:
-        self.grantedAt = grantedAt
-        self.expiresAt = expiresAt
-        self.client = client
-        self.renewals = 0
-        self.name = name
-        self.delayed = False
-
-
-class _Shared:
-    """
-    The holders of a key held in shared form: a semaphore (always), or a
-    read-write key while readers hold it (a writer holds a read-write key
-    in the plain one-holder form, which costs no more than any exclusive
-    key).
-
-    @ivar kind: L{READ_WRITE}, or the semaphore's slot count.
-    @ivar grants: token -> grant, in grant order (so tokens ascending).
+    @ivar kind: L{READ_WRITE}, or the semaphore's slot count: fixed while
+        the key is held or waited for.
+    @ivar share: how every grant of the key holds it, all alike:
+        L{EXCLUSIVE} (then it has one), L{READ}, or the slot count.
+    @ivar grants: token -> slot of each grant (and place kept by the
+        lock-delay), in the order they were made.
     @ivar heap: C{(expiresAt, token)} of every grant, plus stale entries of
-        grants released or renewed since (skipped when they come up): the
-        key's earliest deadline in O(log n).
+        grants ended or moved since (skipped when they come up): the grant
+        that runs out first in O(log n).
+    @ivar queue: the waiters, or None when nobody waits.
     """
 
-    __slots__ = ("kind", "grants", "heap")
+    __slots__ = ("kind", "share", "grants", "heap", "queue")
 
-    def __init__(self, kind: int) -> None:
-        self.kind = kind
-        self.grants: Dict[int, _SharedGrant] = {}
+    def __init__(self, share: int) -> None:
+        self.kind = kindOf(share)
+        self.share = share
+        self.grants: Dict[int, int] = {}
         self.heap: List[Tuple[float, int]] = []
+        self.queue: Optional[WaitQueue] = None
 
     def fits(self, share: int) -> bool:
         """
-        Whether an acquire of C{share} (of this key's kind) fits beside the
-        holders.
+        Whether an acquire of C{share} fits beside the key's grants.
         """
-        if self.kind == READ_WRITE:
-            return share == READ or not self.grants
-        return len(self.grants) < self.kind
-
-    def add(self, token: int, grant: _SharedGrant) -> None:
-        self.grants[token] = grant
-        heappush(self.heap, (grant.expiresAt, token))
-
-    def moved(self, token: int, grant: _SharedGrant) -> None:
-        # A renewal: the old heap entry goes stale.
-        heappush(self.heap, (grant.expiresAt, token))
-        self._compact()
-
-    def earliest(self) -> Tuple[int, _SharedGrant]:
-        """
-        The grant whose lease runs out first (the key must be held).
-        """
-        heap, grants = self.heap, self.grants
-        while True:
-            at, token = heap[0]
-            grant = grants.get(token)
-            if grant is not None and grant.expiresAt == at:
-                return token, grant
-            heappop(heap)
-
-    def _compact(self) -> None:
-        if len(self.heap) > 2 * len(self.grants) + 16:
-            self.heap = [(g.expiresAt, t) for t, g in self.grants.items()]
-            heapify(self.heap)
+        return fits(self.share, len(self.grants), share)
 
 
 class StaleHolder(LookupError):
@@ -169,28 +129,10 @@ class Holder:
         self.token = token
 
     def _slot(self) -> int:
-        table = self._table
-        slot = table._keys.get(self.key)
-        if (slot is None or table._tokens[slot] != self.token
-                or table._sharedAt(slot) is not None):
+        slot = self._table._slotOf(self.key, self.token)
+        if slot < 0:
             raise StaleHolder(f"the grant {self.token} of {self.key!r} has ended")
         return slot
-
-    def _shared(self) -> Optional[_SharedGrant]:
-        """
-        The grant's record when its key is held in shared form, else None
-        (its slot's arrays hold it).
-        """
-        table = self._table
-        slot = table._keys.get(self.key)
-        shared = table._sharedAt(slot) if slot is not None else None
-        if shared is None:
-            self._slot()
-            return None
-        grant = shared.grants.get(self.token)
-        if grant is None:
-            raise StaleHolder(f"the grant {self.token} of {self.key!r} has ended")
-        return grant
 
     def __repr__(self) -> str:
         return f"<Holder {self.key!r} token {self.token}>"
@@ -201,38 +143,26 @@ class Holder:
         How it holds the key: L{EXCLUSIVE}, L{READ}, or the slot count of
         its semaphore.
         """
-        table = self._table
-        slot = table._keys.get(self.key)
-        shared = table._sharedAt(slot) if slot is not None else None
-        if shared is None:
-            self._slot()
-            return EXCLUSIVE
-        self._shared()
-        return READ if shared.kind == READ_WRITE else shared.kind
+        self._slot()
+        return self._table.shareOf(self.key, self.token)
 
     @property
     def grantedAt(self) -> float:
         """
         (Monotonic) time of the grant.
         """
-        grant = self._shared()
-        return grant.grantedAt if grant is not None else self._table._granted[self._slot()]
+        return self._table._granted[self._slot()]
 
     @property
     def expiresAt(self) -> float:
         """
         (Monotonic) time its lease runs out; a renewal moves it.
         """
-        grant = self._shared()
-        return grant.expiresAt if grant is not None else self._table._expires[self._slot()]
+        return self._table._expires[self._slot()]
 
     @expiresAt.setter
     def expiresAt(self, expiresAt: float) -> None:
-        grant = self._shared()
-        if grant is None:
-            self._table._expires[self._slot()] = expiresAt
-        else:
-            self._table._moveShared(self.key, self.token, grant, expiresAt)
+        self._table._move(self.key, self._slot(), self.token, expiresAt)
 
     @property
     def client(self) -> object:
@@ -240,8 +170,7 @@ class Holder:
         Who holds it: the opaque client its waiter stood for (the server's
         connection), or None when unknown (a grant learned by replication).
         """
-        grant = self._shared()
-        return grant.client if grant is not None else self._table._clientAt(self._slot())
+        return self._table._clientAt(self._slot())
 
     @property
     def owner(self) -> Optional[str]:
@@ -255,18 +184,15 @@ class Holder:
         """
         How many times the grant was renewed.
         """
-        grant = self._shared()
-        if grant is not None:
-            return grant.renewals
-        extra = self._table._clients[self._slot()]
-        return extra.renewals if type(extra) is _Extra else 0
+        info = self._table._clients[self._slot()]
+        return info.renewals if type(info) is _GrantInfo else 0
 
     @property
     def queue(self) -> Optional[WaitQueue]:
         """
         The waiters, or None when nobody waits.
         """
-        self._shared()  # the grant must still hold the key
+        self._slot()  # the grant must still hold the key
         return self._table.queueOf(self.key)
 
     def waiters(self) -> Iterator[Waiter]:
@@ -327,18 +253,26 @@ class LockTable:
 
     A key has an entry only while it is held; a free key with waiters never
     exists because a release or expiry hands the key straight to the first
-    waiter.  Every operation costs O(1) whatever the queue lengths.
+    waiter.  Every operation costs O(1) whatever the queue lengths (O(log
+    n) in the grants of a shared key).
 
-    Held keys are stored as a structure of arrays, because a held key's
-    memory is what limits how many a node can hold: C{_keys} maps each key
-    to a slot number, and slot C{i} of three typed arrays holds its token
-    and times (unboxed, 24 bytes) and slot C{i} of one list its client, or
-    an L{_Extra} (client, renewals, queue) for the few keys that were
-    renewed or are waited for.  A released key's slot goes to a free list
-    and is reused by the next new key (the tables never shrink).  Nothing here is made per held key
-    but its dict entry and slot number, and nothing per key is tracked by
-    the garbage collector (a full collection does not walk a million held
-    keys).  L{holder} gives a short-lived L{Holder} view of one grant.
+    A key is held by its grants: one exclusive grant, or several readers
+    of a read-write key, or up to n grants of a semaphore of n.  Grants
+    are stored as a structure of arrays, because a held key's memory is
+    what limits how many a node can hold: each grant has a slot, and slot
+    C{i} of three typed arrays holds its token and times (unboxed, 24
+    bytes), of one list its client (or a L{_GrantInfo} for the few grants
+    that were renewed or expired), and of another its holder name.
+    C{_keys} maps each key to the slot of its grant that runs out first,
+    which every per-key query shows; a key with more than one exclusive
+    grant (readers, a semaphore) or with waiters also has a L{_Key} in
+    C{_records} (its grants, queue and kind).  So a key held by one
+    exclusive grant with nobody waiting costs its dict entry and its slot
+    and nothing else: no object per held key, nothing the garbage
+    collector tracks (a full collection does not walk a million held
+    keys).  An ended grant's slot goes to a free list and is reused by the
+    next grant (the tables never shrink).  L{holder} gives a short-lived
+    L{Holder} view of one grant.
     """
 
     def __init__(self, tokens: TokenIssuer) -> None:
@@ -347,232 +281,288 @@ class LockTable:
         # The same dict, read-only for others: len(table.held) is the
         # number of held keys without a Python call (on every acquire).
         self.held: Dict[bytes, int] = self._keys
+        self._records: Dict[bytes, _Key] = {}
         self._tokens = array("Q")
         self._granted = array("d")
         self._expires = array("d")
         self._clients: List[object] = []
-        # The holder name of each slot's grant (see identOf); a shared
-        # key's grants keep theirs in their records.
         self._names: List[Optional[bytes]] = []
         # Free slot numbers: a list, not an array, because list.pop and
         # append cost a quarter of array's (80 ns per acquire + release),
         # and the int of a released key's slot is the one its dict entry
         # held, so no int is made.  A free slot costs 40 bytes here (its
-        # arrays' 33 stay too) until a new key takes it.
+        # arrays' 33 stay too) until a new grant takes it.
         self._free: List[int] = []
         self.waiterCount = 0
-        # Keys held in shared form whose first waiter may fit beside the
-        # holders now (a run of readers after a writer): the service grants
-        # them a bounded number per reactor turn (L{nextPending},
-        # L{grantHead}), in FIFO order, and nothing overtakes them meanwhile
-        # because a new acquire queues behind any waiter.
+        # Keys whose first waiter may fit beside the holders now (a run of
+        # readers after a writer, a semaphore's freed slot): the service
+        # grants them a bounded number per reactor turn (L{nextPending},
+        # L{grantHead}), in FIFO order, and nothing overtakes them
+        # meanwhile because a new acquire queues behind any waiter.
         self.pending: Dict[bytes, None] = {}
         # Grants of keys held in shared form (see grantCount, which bounds
         # the service's lease bookkeeping).
         self.sharedGrants = 0
 
-    # -- slots -------------------------------------------------------------
+    # -- grants in slots ---------------------------------------------------
 
-    def _newSlot(self, token: int, grantedAt: float, expiresAt: float, client: object,
-                 name: Optional[bytes]) -> int:
-        free = self._free
-        if free:
-            slot = free.pop()
+    def _place(self, key: bytes, record: Optional[_Key], token: int, grantedAt: float,
+               expiresAt: float, client: object, name: Optional[bytes] = None) -> int:
+        """
+        Put the grant C{token} of C{key} in a slot, and make it one of the
+        key's grants (C{record}'s, or the key's only one when C{record} is
+        None): in the key's own slot when the key has no other grant (its
+        last ended, or is replaced), else in a free or new one.
+
+        A grant to a client is made under the holder name the client has
+        now (its C{ident}: the C{I} name of its connection, kept with the
+        grant after the connection renames itself or closes, and
+        replicated with it; None for a connection that never named
+        itself); a mirrored grant (no client) under C{name}, as its active
+        recorded it.
+
+        @return: the slot.
+        """
+        if client is not None:
+            name = getattr(client, "ident", None)
+        keys = self._keys
+        slot = keys.get(key, -1) if record is None or not record.grants else -1
+        if slot < 0 and self._free:
+            slot = self._free.pop()
+        if slot < 0:
+            slot = len(self._clients)
+            self._tokens.append(token)
+            self._granted.append(grantedAt)
+            self._expires.append(expiresAt)
+            self._clients.append(client)
+            self._names.append(name)
+        else:
             self._tokens[slot] = token
             self._granted[slot] = grantedAt
             self._expires[slot] = expiresAt
             self._clients[slot] = client
             self._names[slot] = name
+        if record is None:
+            keys[key] = slot
             return slot
-        self._tokens.append(token)
-        self._granted.append(grantedAt)
-        self._expires.append(expiresAt)
-        self._clients.append(client)
-        self._names.append(name)
-        return len(self._clients) - 1
+        grants = record.grants
+        grants[token] = slot
+        if record.share != EXCLUSIVE:
+            self.sharedGrants += 1
+        if len(grants) == 1:
+            keys[key] = slot
+            record.heap = [(expiresAt, token)]
+        else:
+            self._file(record, token, expiresAt)
+            if expiresAt < self._expires[keys[key]]:
+                keys[key] = slot
+        return slot
 
-    def _freeSlot(self, key: bytes, slot: int) -> None:
-        del self._keys[key]
+    def _freeSlot(self, slot: int) -> None:
         self._clients[slot] = None  # let the client (a closed connection) go
         self._names[slot] = None
         self._free.append(slot)
 
-    def _regrant(self, slot: int, token: int, grantedAt: float, expiresAt: float,
-                 client: object, name: Optional[bytes]) -> None:
+    def _slotOf(self, key: bytes, token: int) -> int:
         """
-        The key of C{slot} passes to a new grant: its renewal count starts
-        again, its queue stays.
+        The slot of grant C{token} of C{key}, or -1 when it has none.
         """
-        self._tokens[slot] = token
-        self._granted[slot] = grantedAt
-        self._expires[slot] = expiresAt
-        self._names[slot] = name
-        extra = self._clients[slot]
-        if type(extra) is _Extra and extra.queue is not None:
-            extra.client = client
-            extra.renewals = 0
-            extra.delayed = False
-        else:
-            self._clients[slot] = client
+        slot = self._keys.get(key)
+        if slot is None:
+            return -1
+        record = self._records.get(key)
+        if record is None:
+            return slot if self._tokens[slot] == token else -1
+        return record.grants.get(token, -1)
+
+    def _slotsOf(self, key: bytes) -> List[Tuple[int, int]]:
+        """
+        C{(token, slot)} of every grant of C{key}, in the order they were
+        made (empty when it is free).
+        """
+        slot = self._keys.get(key)
+        if slot is None:
+            return []
+        record = self._records.get(key)
+        if record is None:
+            return [(self._tokens[slot], slot)]
+        return list(record.grants.items())
 
     def _clientAt(self, slot: int) -> object:
         client = self._clients[slot]
-        return client.client if type(client) is _Extra else client
+        return client.client if type(client) is _GrantInfo else client
 
-    def _queueAt(self, slot: int) -> Optional[WaitQueue]:
-        extra = self._clients[slot]
-        return extra.queue if type(extra) is _Extra else None
+    def _stateAt(self, slot: int) -> str:
+        info = self._clients[slot]
+        return info.state if type(info) is _GrantInfo else LIVE
 
-    def _extraAt(self, slot: int) -> _Extra:
-        extra = self._clients[slot]
-        if type(extra) is not _Extra:
-            extra = self._clients[slot] = _Extra(extra)
-        return extra
+    def _infoAt(self, slot: int) -> _GrantInfo:
+        info = self._clients[slot]
+        if type(info) is not _GrantInfo:
+            info = self._clients[slot] = _GrantInfo(info)
+        return info
 
-    def _unqueued(self, slot: int, extra: _Extra) -> None:
-        # Its queue emptied: back to the bare client unless it was renewed
-        # (or is shared).
-        extra.queue = None
-        if not extra.renewals and extra.shared is None and not extra.delayed:
-            self._clients[slot] = extra.client
-
-    # -- shared keys -------------------------------------------------------
-
-    def _sharedAt(self, slot: int) -> Optional[_Shared]:
-        extra = self._clients[slot]
-        return extra.shared if type(extra) is _Extra else None
-
-    def _syncShared(self, slot: int, shared: _Shared) -> None:
+    def _file(self, record: _Key, token: int, expiresAt: float) -> None:
         """
-        A shared key's slot arrays show its grant that runs out first, so
-        that lease deadlines (and every per-key query) work on it as on any
-        key.
+        File the (new) deadline of grant C{token} in C{record}'s heap.
         """
-        token, grant = shared.earliest()
-        self._tokens[slot] = token
-        self._granted[slot] = grant.grantedAt
-        self._expires[slot] = grant.expiresAt
+        heap = record.heap
+        heappush(heap, (expiresAt, token))
+        if len(heap) > 2 * len(record.grants) + 16:
+            # Mostly stale entries: make it again.
+            expires = self._expires
+            record.heap = [(expires[slot], held) for held, slot in record.grants.items()]
+            heapify(record.heap)
 
-    def _moveShared(self, key: bytes, token: int, grant: _SharedGrant, expiresAt: float) -> None:
-        slot = self._keys[key]
-        shared = self._sharedAt(slot)
-        assert shared is not None
-        grant.expiresAt = expiresAt
-        shared.moved(token, grant)
-        self._syncShared(slot, shared)
+    def _lead(self, key: bytes, record: _Key) -> None:
+        """
+        Point C{key} at its grant that runs out first (C{record} has one),
+        dropping the stale heap entries on the way.
+        """
+        heap, grants, expires = record.heap, record.grants, self._expires
+        while True:
+            at, token = heap[0]
+            slot = grants.get(token)
+            if slot is not None and expires[slot] == at:
+                self._keys[key] = slot
+                return
+            heappop(heap)
 
-    def _checkPending(self, key: bytes, extra: _Extra) -> None:
-        queue, shared = extra.queue, extra.shared
-        if (queue is not None and queue.head is not None and shared is not None
-                and shared.fits(queue.head.share)):
+    def _move(self, key: bytes, slot: int, token: int, expiresAt: float) -> None:
+        """
+        The grant C{token} of C{key}, in C{slot}, now runs out at C{expiresAt}.
+        """
+        self._expires[slot] = expiresAt
+        record = self._records.get(key)
+        if record is not None:
+            self._file(record, token, expiresAt)
+            self._lead(key, record)
+
+    def _recordOf(self, key: bytes, slot: int) -> _Key:
+        """
+        C{key}'s record, made for a key held by one exclusive grant (in
+        C{slot}) when it has none yet.
+        """
+        record = self._records.get(key)
+        if record is None:
+            record = self._records[key] = _Key(EXCLUSIVE)
+            token = self._tokens[slot]
+            record.grants[token] = slot
+            record.heap.append((self._expires[slot], token))
+        return record
+
+    def _forget(self, key: bytes, token: int) -> bool:
+        """
+        End the grant C{token} of C{key} without handing the key over: its
+        slot is freed, unless it was the key's last grant and waiters wait
+        (then the slot stays the key's, L{ENDED}, for the next grant); the
+        first waiter is let in when it fits now (see L{pending}).
+
+        @return: whether C{token} held C{key}.
+        """
+        slot = self._slotOf(key, token)
+        if slot < 0:
+            return False
+        record = self._records.get(key)
+        if record is None:
+            self._freeSlot(slot)
+            del self._keys[key]
+            return True
+        grants = record.grants
+        del grants[token]
+        if record.share != EXCLUSIVE:
+            self.sharedGrants -= 1
+        if grants:
+            self._freeSlot(slot)
+            if slot == self._keys[key]:
+                self._lead(key, record)
+            self._letIn(key, record)
+        elif record.queue is None:
+            self._freeSlot(slot)
+            del self._keys[key]
+            del self._records[key]
+        else:
+            self._infoAt(slot).state = ENDED
+        return True
+
+    def _settle(self, key: bytes, record: _Key) -> None:
+        """
+        C{key}'s queue emptied: its record goes when the key is back to one
+        exclusive grant, and the key itself when it has none (its last
+        slot was kept for a grant that never came).
+        """
+        record.queue = None
+        if not record.grants:
+            self._freeSlot(self._keys.pop(key))
+            del self._records[key]
+        elif record.share == EXCLUSIVE:
+            del self._records[key]
+
+    # -- waiters -----------------------------------------------------------
+
+    def _headFits(self, record: _Key) -> bool:
+        """
+        Whether the first waiter of C{record}'s key fits beside its grants.
+        """
+        queue = record.queue
+        return queue is not None and queue.head is not None and record.fits(queue.head.share)
+
+    def _letIn(self, key: bytes, record: _Key) -> None:
+        """
+        Note C{key} as pending when its first waiter fits beside its
+        grants now.
+        """
+        if self._headFits(record):
             self.pending[key] = None
 
-    def _acquireShared(self, waiter: Waiter, now: float) -> Optional[Grant]:
-        key, share = waiter.key, waiter.share
-        kind = kindOf(share)
-        slot = self._keys.get(key)
-        if slot is None:
-            token = self.tokens.issue()
-            expiresAt = now + waiter.lease
-            fresh = _Extra(None)
-            created = fresh.shared = _Shared(kind)
-            client = waiter.client()
-            created.add(token, _SharedGrant(now, expiresAt, client, identOf(client)))
-            self.sharedGrants += 1
-            self._keys[key] = self._newSlot(token, now, expiresAt, fresh, None)
-            return Grant(key, token, expiresAt, None)
-        extra = self._extraAt(slot)
-        shared = extra.shared
-        held = shared.kind if shared is not None else READ_WRITE
-        if held != kind:
-            if extra.queue is None and not extra.renewals and shared is None:
-                self._clients[slot] = extra.client  # nothing changed
-            raise ShareMismatch(key, held)
-        queue = extra.queue
-        if shared is not None and queue is None and shared.fits(share):
-            token = self.tokens.issue()
-            expiresAt = now + waiter.lease
-            client = waiter.client()
-            shared.add(token, _SharedGrant(now, expiresAt, client, identOf(client)))
-            self.sharedGrants += 1
-            if expiresAt < self._expires[slot]:
-                self._syncShared(slot, shared)
-            return Grant(key, token, expiresAt, None)
-        waiter.queuedAt = now
-        waiter.queued = True
-        if queue is None:
-            queue = extra.queue = WaitQueue()
-        queue.append(waiter)
-        self.waiterCount += 1
-        return None
+    def _admit(self, key: bytes, record: _Key, now: float) -> Grant:
+        """
+        Grant C{key} to its first waiter (it fits).
 
-    def _endShared(self, key: bytes, slot: int, extra: _Extra, token: int, now: float,
-                   expiring: bool) -> Tuple[bool, Optional[Grant]]:
+        @raise HandOverFailed: no token left: every waiter of the key was
+            taken out of its queue (its grants stay; a key without any is
+            freed).
         """
-        End the grant C{token} of a key held in shared form (released, or
-        C{expiring} when its lease has run out), and let in whoever fits.
-        """
-        shared = extra.shared
-        assert shared is not None
-        grant = shared.grants.get(token)
-        if grant is None or (expiring and grant.expiresAt > now):
-            return _NOT_HELD
-        del shared.grants[token]
-        self.sharedGrants -= 1
-        if shared.grants:
-            self._syncShared(slot, shared)
-            self._checkPending(key, extra)
-            return _FREED
-        if extra.queue is None:
-            self._freeSlot(key, slot)
-            return _FREED
-        return True, self._grantFirst(key, slot, extra, now)
-
-    def _grantFirst(self, key: bytes, slot: int, extra: _Extra, now: float) -> Grant:
-        """
-        Nothing holds C{key} any more and somebody waits: grant the first
-        waiter (it fits), in the form that suits it (a writer of a
-        read-write key holds it as an exclusive key does).
-
-        @raise HandOverFailed: no token left (the key is freed).
-        """
-        queue = extra.queue
-        assert queue is not None
         try:
             token = self.tokens.issue()
         except TokenExhausted:
-            orphans = self._unqueue(slot, extra)
-            self._freeSlot(key, slot)
-            raise HandOverFailed(orphans) from None
+            raise HandOverFailed(self._unqueue(key, record)) from None
+        queue = record.queue
+        assert queue is not None
         waiter = queue.popleft()
         waiter.queued = False
         self.waiterCount -= 1
+        share = record.share = waiter.share
         expiresAt = now + waiter.lease
-        self._tokens[slot] = token
-        self._granted[slot] = now
-        self._expires[slot] = expiresAt
-        extra.renewals = 0
-        extra.delayed = False
-        client = waiter.client()
-        if waiter.share == EXCLUSIVE:
-            extra.shared = None
-            self._names[slot] = identOf(client)
-            if queue.length:
-                extra.client = client
-            else:
-                self._clients[slot] = client
-            return Grant(key, token, expiresAt, waiter)
-        shared = extra.shared
-        if shared is None:
-            shared = extra.shared = _Shared(READ_WRITE)
-        shared.add(token, _SharedGrant(now, expiresAt, client, identOf(client)))
-        self.sharedGrants += 1
-        extra.client = None
-        if not queue.length:
-            extra.queue = None
-        self._syncShared(slot, shared)
-        self._checkPending(key, extra)
+        self._place(key, record, token, now, expiresAt, waiter.client())
+        head = queue.head
+        if head is None:
+            record.queue = None
+            if share == EXCLUSIVE:
+                del self._records[key]  # one exclusive grant: the plain form
+        elif share != EXCLUSIVE and record.fits(head.share):
+            self.pending[key] = None
         return Grant(key, token, expiresAt, waiter)
+
+    def _unqueue(self, key: bytes, record: _Key) -> List[Waiter]:
+        queue = record.queue
+        orphans = list(queue) if queue is not None else []
+        for waiter in orphans:
+            waiter.queued = False
+            waiter.prev = waiter.next = None
+        self.waiterCount -= len(orphans)
+        self._settle(key, record)
+        return orphans
+
+    def _dequeued(self, key: bytes, record: _Key, head: bool) -> None:
+        # Waiters were taken out of the queue (the first one among them
+        # when head): the next one may fit now.
+        queue = record.queue
+        assert queue is not None
+        if not queue.length:
+            self._settle(key, record)
+        elif head:
+            self._letIn(key, record)
 
     def nextPending(self) -> Optional[bytes]:
         """
@@ -583,14 +573,9 @@ class LockTable:
         pending = self.pending
         while pending:
             key = next(iter(pending))
-            slot = self._keys.get(key)
-            if slot is not None:
-                extra = self._clients[slot]
-                if type(extra) is _Extra:
-                    queue, shared = extra.queue, extra.shared
-                    if (queue is not None and queue.head is not None and shared is not None
-                            and shared.fits(queue.head.share)):
-                        return key
+            record = self._records.get(key)
+            if record is not None and self._headFits(record):
+                return key
             del pending[key]
         return None
 
@@ -604,38 +589,11 @@ class LockTable:
         @raise HandOverFailed: no token left: every waiter of the key was
             taken out of its queue (its holders stay).
         """
-        slot = self._keys.get(key)
-        extra = self._clients[slot] if slot is not None else None
-        if type(extra) is not _Extra or extra.queue is None or extra.shared is None:
-            self.pending.pop(key, None)
+        self.pending.pop(key, None)
+        record = self._records.get(key)
+        if record is None or not self._headFits(record):
             return None
-        queue, shared = extra.queue, extra.shared
-        waiter = queue.head
-        assert slot is not None and waiter is not None
-        if not shared.fits(waiter.share):
-            self.pending.pop(key, None)
-            return None
-        try:
-            token = self.tokens.issue()
-        except TokenExhausted:
-            self.pending.pop(key, None)
-            raise HandOverFailed(self._unqueue(slot, extra)) from None
-        queue.popleft()
-        waiter.queued = False
-        self.waiterCount -= 1
-        expiresAt = now + waiter.lease
-        client = waiter.client()
-        shared.add(token, _SharedGrant(now, expiresAt, client, identOf(client)))
-        self.sharedGrants += 1
-        if expiresAt < self._expires[slot]:
-            self._syncShared(slot, shared)
-        head = queue.head
-        if head is None:
-            extra.queue = None
-            self.pending.pop(key, None)
-        elif not shared.fits(head.share):
-            self.pending.pop(key, None)
-        return Grant(key, token, expiresAt, waiter)
+        return self._admit(key, record, now)
 
     # -- queries ---------------------------------------------------------
 
@@ -716,10 +674,7 @@ class LockTable:
         L{sharedGrantsOf}).
         """
         slot = self._keys.get(key)
-        if slot is None:
-            return None
-        extra = self._clients[slot]
-        if type(extra) is _Extra and (extra.shared is not None or extra.delayed):
+        if slot is None or self.isShared(key) or self._stateAt(slot) is not LIVE:
             return None
         return self._tokens[slot], self._granted[slot], self._expires[slot], self._names[slot]
 
@@ -734,55 +689,36 @@ class LockTable:
         if slot is None:
             return None
         client = self._clients[slot]
-        if type(client) is _Extra:
-            shared = client.shared
-            if shared is None:
-                if client.delayed:
-                    return None
-                client = client.client
-            else:
-                # The slot shows the shared grant that runs out first: its
-                # holder is that grant's (the key's own client is unused).
-                grant = shared.grants.get(self._tokens[slot])
-                if grant is None or grant.delayed:
-                    return None
-                client = grant.client
+        if type(client) is _GrantInfo:
+            if client.state is not LIVE:
+                return None
+            client = client.client
         return self._tokens[slot], self._granted[slot], self._expires[slot], client
 
     def clientOf(self, key: bytes) -> object:
         """
-        Who holds C{key} (see L{Waiter.client}), or None when it is free or
-        its holder is unknown (a grant learned by replication).
+        Who holds C{key} (see L{Waiter.client}), or None when it is free,
+        its holder is unknown (a grant learned by replication), or it has
+        several (readers, a semaphore).
         """
         slot = self._keys.get(key)
-        if slot is None:
+        if slot is None or self.isShared(key):
             return None
-        client = self._clients[slot]
-        return client.client if type(client) is _Extra else client
+        return self._clientAt(slot)
 
     def ownerOf(self, key: bytes) -> Optional[str]:
         """
         The name C{key}'s holder is shown by now (L{nameOf} its client), or
         None.
         """
-        # clientOf and nameOf, inline: this runs at every grant and release.
-        slot = self._keys.get(key)
-        if slot is None:
-            return None
-        client = self._clients[slot]
-        if type(client) is _Extra:
-            client = client.client
-        return getattr(client, "name", None)
+        return nameOf(self.clientOf(key))
 
     def queueOf(self, key: bytes) -> Optional[WaitQueue]:
         """
         C{key}'s queue of waiters, or None when nobody waits (or it is free).
         """
-        slot = self._keys.get(key)
-        if slot is None:
-            return None
-        extra = self._clients[slot]
-        return extra.queue if type(extra) is _Extra else None
+        record = self._records.get(key)
+        return record.queue if record is not None else None
 
     def queueLength(self, key: bytes) -> int:
         """
@@ -796,64 +732,53 @@ class LockTable:
         How many wait for C{key}, or None when it is free (one look-up for
         the service's limits on every acquire).
         """
-        slot = self._keys.get(key)
-        if slot is None:
-            return None
-        extra = self._clients[slot]
-        if type(extra) is not _Extra or extra.queue is None:
-            return 0
-        return extra.queue.length
+        record = self._records.get(key)
+        if record is None:
+            return 0 if key in self._keys else None
+        queue = record.queue
+        return queue.length if queue is not None else 0
 
     # -- client operations -------------------------------------------------
 
     def acquire(self, waiter: Waiter, now: float) -> Optional[Grant]:
         """
-        Grant C{waiter.key} at once if it is free, otherwise queue the waiter.
+        Grant C{waiter.key} at once if it is free (or the waiter fits
+        beside its holders, and nobody waits), otherwise queue the waiter.
 
         @return: the grant, or None when the waiter was queued.
         @raise TokenExhausted: no token left; nothing changed.
         @raise ShareMismatch: the waiter's share does not match the key's
             kind; nothing changed.
         """
-        if waiter.share != EXCLUSIVE:
-            return self._acquireShared(waiter, now)
-        key = waiter.key
+        key, share = waiter.key, waiter.share
         slot = self._keys.get(key)
         if slot is None:
-            token = self.tokens.issue()
-            expiresAt = now + waiter.lease
-            # _newSlot, inline: this is every uncontended acquire.
-            client = waiter.client()
-            free = self._free
-            if free:
-                slot = free.pop()
-                self._tokens[slot] = token
-                self._granted[slot] = now
-                self._expires[slot] = expiresAt
-                self._clients[slot] = client
-                self._names[slot] = getattr(client, "ident", None)
-            else:
-                slot = len(self._clients)
-                self._tokens.append(token)
-                self._granted.append(now)
-                self._expires.append(expiresAt)
-                self._clients.append(client)
-                self._names.append(getattr(client, "ident", None))
-            self._keys[key] = slot
-            return Grant(key, token, expiresAt, None)
-        extra = self._clients[slot]
-        if type(extra) is not _Extra:
-            extra = self._clients[slot] = _Extra(extra)
-        elif extra.shared is not None:
-            return self._acquireShared(waiter, now)  # a reader holds, or a semaphore
-        waiter.queuedAt = now
-        waiter.queued = True
-        queue = extra.queue
-        if queue is None:
-            queue = extra.queue = WaitQueue()
-        queue.append(waiter)
-        self.waiterCount += 1
-        return None
+            record = None
+        else:
+            record = self._records.get(key)
+            if record is None:
+                if share > EXCLUSIVE:
+                    raise ShareMismatch(key, READ_WRITE)
+                record = self._recordOf(key, slot)
+            # (An exclusive acquire of a read-write key always matches.)
+            elif (share != EXCLUSIVE or record.kind != READ_WRITE) and \
+                    kindOf(share) != record.kind:
+                raise ShareMismatch(key, record.kind)
+            queue = record.queue
+            if queue is not None or not record.fits(share):
+                waiter.queuedAt = now
+                waiter.queued = True
+                if queue is None:
+                    queue = record.queue = WaitQueue()
+                queue.append(waiter)
+                self.waiterCount += 1
+                return None
+        token = self.tokens.issue()
+        if record is None and share != EXCLUSIVE:
+            record = self._records[key] = _Key(share)
+        expiresAt = now + waiter.lease
+        self._place(key, record, token, now, expiresAt, waiter.client())
+        return Grant(key, token, expiresAt, None)
 
     def release(self, key: bytes, token: int, now: float) -> Tuple[bool, Optional[Grant]]:
         """
@@ -866,16 +791,23 @@ class LockTable:
         slot = self._keys.get(key)
         if slot is None:
             return _NOT_HELD
-        if self._tokens[slot] != token:
-            return self._endOther(key, slot, token, now, expiring=False)
-        clients = self._clients
-        if type(clients[slot]) is not _Extra:
-            # Nobody waits (the common case): free the slot here, inline.
+        record = self._records.get(key)
+        if record is None:
+            if self._tokens[slot] != token:
+                return _NOT_HELD
+            # Nobody waits, one grant (the common case): free its slot.
             del self._keys[key]
-            clients[slot] = None  # let the client (a closed connection) go
+            self._clients[slot] = None  # let the client (a closed connection) go
             self._free.append(slot)
             return _FREED
-        return True, self._handOver(key, slot, now)
+        grants = record.grants
+        if len(grants) == 1 and record.queue is not None and token in grants:
+            # Its last grant: the key (and its slot) goes to the first waiter.
+            del grants[token]
+            if record.share != EXCLUSIVE:
+                self.sharedGrants -= 1
+            return True, self._admit(key, record, now)
+        return _FREED if self._forget(key, token) else _NOT_HELD
 
     def expire(self, key: bytes, token: int, now: float) -> Tuple[bool, Optional[Grant]]:
         """
@@ -885,29 +817,10 @@ class LockTable:
             grant no longer holds the key or its lease has not run out.
         @raise HandOverFailed: expired, but the waiters could not be served.
         """
-        slot = self._keys.get(key)
-        if slot is None:
+        expiresAt = self.leaseOf(key, token)
+        if expiresAt is None or expiresAt > now:
             return _NOT_HELD
-        if self._tokens[slot] != token:
-            return self._endOther(key, slot, token, now, expiring=True)
-        if self._expires[slot] > now:
-            return _NOT_HELD
-        clients = self._clients
-        if type(clients[slot]) is not _Extra:
-            del self._keys[key]  # as in release
-            clients[slot] = None
-            self._free.append(slot)
-            return _FREED
-        return True, self._handOver(key, slot, now)
-
-    def _endOther(self, key: bytes, slot: int, token: int, now: float,
-                  expiring: bool) -> Tuple[bool, Optional[Grant]]:
-        # A token that is not the one in the key's slot: one of a shared
-        # key's other grants, or stale.
-        extra = self._clients[slot]
-        if type(extra) is _Extra and extra.shared is not None:
-            return self._endShared(key, slot, extra, token, now, expiring)
-        return _NOT_HELD
+        return self.release(key, token, now)
 
     def renew(self, key: bytes, token: int, lease: float, now: float) -> Optional[Holder]:
         """
@@ -917,22 +830,11 @@ class LockTable:
         @return: a view of the grant, or None (nothing changed) when
             C{token} does not hold the key, or its lease has already run out.
         """
-        slot = self._keys.get(key)
-        if slot is None:
+        slot = self._slotOf(key, token)
+        if slot < 0 or self._expires[slot] <= now or self._stateAt(slot) is not LIVE:
             return None
-        extra = self._clients[slot]
-        if type(extra) is _Extra and extra.shared is not None:
-            grant = extra.shared.grants.get(token)
-            if grant is None or grant.expiresAt <= now or grant.delayed:
-                return None
-            self._moveShared(key, token, grant, now + lease)
-            grant.renewals += 1
-            return Holder(self, key, token)
-        if (self._tokens[slot] != token or self._expires[slot] <= now
-                or (type(extra) is _Extra and extra.delayed)):
-            return None
-        self._expires[slot] = now + lease
-        self._extraAt(slot).renewals += 1
+        self._move(key, slot, token, now + lease)
+        self._infoAt(slot).renewals += 1
         return Holder(self, key, token)
 
     def withdraw(self, waiter: Waiter) -> bool:
@@ -945,16 +847,12 @@ class LockTable:
         if not waiter.queued:
             return False
         waiter.queued = False
-        slot = self._keys[waiter.key]
-        extra = self._clients[slot]
-        assert type(extra) is _Extra and extra.queue is not None
-        first = waiter.prev is None
-        extra.queue.remove(waiter)
-        if not extra.queue.length:
-            self._unqueued(slot, extra)
-        elif first and extra.shared is not None:
-            self._checkPending(waiter.key, extra)  # the next one may fit now
+        record = self._records[waiter.key]
+        assert record.queue is not None
+        head = waiter.prev is None
+        record.queue.remove(waiter)
         self.waiterCount -= 1
+        self._dequeued(waiter.key, record, head)
         return True
 
     def cut(self, key: bytes, first: Waiter, last: Waiter, count: int) -> None:
@@ -964,64 +862,41 @@ class LockTable:
         acquires).  They stay marked C{queued}: whoever cut them withdraws
         them later, one by one, without the table.
         """
-        slot = self._keys[key]
-        extra = self._clients[slot]
-        assert type(extra) is _Extra and extra.queue is not None
+        record = self._records[key]
+        assert record.queue is not None
         head = first.prev is None
-        extra.queue.cut(first, last, count)
-        if not extra.queue.length:
-            self._unqueued(slot, extra)
-        elif head and extra.shared is not None:
-            self._checkPending(key, extra)
+        record.queue.cut(first, last, count)
         self.waiterCount -= count
+        self._dequeued(key, record, head)
 
-    def _handOver(self, key: bytes, slot: int, now: float) -> Optional[Grant]:
-        extra = self._clients[slot]
-        if type(extra) is not _Extra or extra.queue is None:
-            if type(extra) is _Extra and extra.shared is not None:
-                return self._endShared(key, slot, extra, self._tokens[slot], now, False)[1]
-            self._freeSlot(key, slot)
-            return None
-        if extra.shared is not None:
-            return self._endShared(key, slot, extra, self._tokens[slot], now, False)[1]
-        queue = extra.queue
-        if queue.head is not None and queue.head.share != EXCLUSIVE:
-            return self._grantFirst(key, slot, extra, now)  # readers come in
-        try:
-            token = self.tokens.issue()
-        except TokenExhausted:
-            # Never leave the key held by a grant that ended: free it and
-            # give the waiters back to be answered.
-            orphans = self._unqueue(slot, extra)
-            self._freeSlot(key, slot)
-            raise HandOverFailed(orphans) from None
-        waiter = queue.popleft()
-        waiter.queued = False
-        self.waiterCount -= 1
-        expiresAt = now + waiter.lease
-        # _regrant, inline: this is every hand-over.
-        self._tokens[slot] = token
-        self._granted[slot] = now
-        self._expires[slot] = expiresAt
-        client = waiter.client()
-        self._names[slot] = getattr(client, "ident", None)
-        if queue.length:
-            extra.client = client
-            extra.renewals = 0
-            extra.delayed = False
-        else:
-            self._clients[slot] = client  # the _Extra goes
-        return Grant(key, token, expiresAt, waiter)
+    def takeWaiters(self) -> List[Waiter]:
+        """
+        Empty every queue (this node stops serving); holders stay.
 
-    def _unqueue(self, slot: int, extra: _Extra) -> List[Waiter]:
-        queue = extra.queue
-        orphans = list(queue) if queue is not None else []
-        for waiter in orphans:
-            waiter.queued = False
-            waiter.prev = waiter.next = None
-        self.waiterCount -= len(orphans)
-        self._unqueued(slot, extra)
+        @return: the waiters that were queued, in queue order per key.
+        """
+        orphans: List[Waiter] = []
+        for key, record in list(self._records.items()):
+            if record.queue is not None:
+                orphans.extend(self._unqueue(key, record))
+        self.waiterCount = 0
+        self.pending.clear()
         return orphans
+
+    def clear(self) -> None:
+        """
+        Forget every holder and waiter (a fresh snapshot follows).
+        """
+        self.takeWaiters()
+        self.sharedGrants = 0
+        self._keys.clear()
+        self._records.clear()
+        self._tokens = array("Q")
+        self._granted = array("d")
+        self._expires = array("d")
+        self._clients = []
+        self._names = []
+        self._free = []
 
     # -- replication -------------------------------------------------------
 
@@ -1042,117 +917,74 @@ class LockTable:
         L{startDelay}).
         """
         self.tokens.observe(token)
-        slot = self._keys.get(key)
-        if share != EXCLUSIVE or (slot is not None and self._sharedAt(slot) is not None):
-            self._installShared(key, slot, token, grantedAt, expiresAt, share, name, delayed)
-            return
-        if slot is None:
-            slot = self._keys[key] = self._newSlot(token, grantedAt, expiresAt, None, name)
-        elif self._tokens[slot] == token:
+        slot = self._slotOf(key, token)
+        if slot >= 0:
             # The same grant again (a renewal, or a new snapshot): it keeps
             # the time it was first seen granted.
-            self._expires[slot] = expiresAt
-        else:
-            self._regrant(slot, token, grantedAt, expiresAt, None, name)
-        extra = self._clients[slot]
-        if delayed:
-            self._extraAt(slot).delayed = True
-        elif type(extra) is _Extra and extra.delayed:
-            extra.delayed = False
-            if extra.queue is None and not extra.renewals:
-                self._clients[slot] = extra.client
-
-    def _installShared(self, key: bytes, slot: Optional[int], token: int, grantedAt: float,
-                       expiresAt: float, share: int, name: Optional[bytes],
-                       delayed: bool) -> None:
-        if slot is not None:
-            extra = self._clients[slot]
-            shared = extra.shared if type(extra) is _Extra else None
-            if shared is not None and token in shared.grants:
-                grant = shared.grants[token]
-                grant.delayed = delayed
-                self._moveShared(key, token, grant, expiresAt)
-                return
-            if (shared is not None and share != EXCLUSIVE and shared.kind == kindOf(share)
-                    and shared.fits(share)):
-                added = _SharedGrant(grantedAt, expiresAt, None, name)
-                added.delayed = delayed
-                shared.add(token, added)
-                self.sharedGrants += 1
-                self._syncShared(slot, shared)
-                return
-            if shared is not None:
-                self.sharedGrants -= len(shared.grants)  # replaced
-            if share == EXCLUSIVE:
-                assert type(extra) is _Extra
-                extra.shared = None
-                extra.client = None
-                self._regrant(slot, token, grantedAt, expiresAt, None, name)
-                extra.delayed = delayed
-                if extra.queue is None and not delayed:
-                    self._clients[slot] = None
-                return
-        shared = _Shared(kindOf(share))
-        added = _SharedGrant(grantedAt, expiresAt, None, name)
-        added.delayed = delayed
-        shared.add(token, added)
-        self.sharedGrants += 1
-        if slot is None:
-            extra = _Extra(None)
-            extra.shared = shared
-            self._keys[key] = self._newSlot(token, grantedAt, expiresAt, extra, None)
+            if delayed or self._stateAt(slot) is not LIVE:
+                self._infoAt(slot).state = KEPT if delayed else LIVE
+            self._move(key, slot, token, expiresAt)
             return
-        extra = self._extraAt(slot)
-        extra.client = None
-        extra.renewals = 0
-        extra.delayed = False  # (each shared grant says for itself)
-        extra.shared = shared
-        self._syncShared(slot, shared)
+        record = self._records.get(key)
+        if key in self._keys and not (record is not None and record.fits(share)):
+            record = self._replace(key, record, share)
+        if record is None and share != EXCLUSIVE:
+            record = self._records[key] = _Key(share)
+        slot = self._place(key, record, token, grantedAt, expiresAt, None, name)
+        if delayed:
+            self._infoAt(slot).state = KEPT
+
+    def _replace(self, key: bytes, record: Optional[_Key], share: int) -> Optional[_Key]:
+        """
+        Every grant of C{key} goes, for a grant of C{share} that does not
+        fit beside them: the key's slot stays for it, and so does the
+        queue.
+
+        @return: the key's record when it keeps one (waiters).
+        """
+        if record is None:
+            return None  # its one grant's slot is the key's
+        kept = self._keys[key]
+        for slot in record.grants.values():
+            if slot != kept:
+                self._freeSlot(slot)
+        if record.share != EXCLUSIVE:
+            self.sharedGrants -= len(record.grants)
+        record.grants = {}
+        if record.queue is None:
+            del self._records[key]
+            return None
+        record.kind = kindOf(share)
+        record.share = share
+        return record
 
     def mirrorAll(self, changes: Iterable[Change]) -> None:
         """
         Apply a batch of replicated changes in order, exactly as L{install}
         (a grant) and L{drop} (expiresAt None) one by one would: a
-        standby's every read of its active's stream.  The two forms of
-        almost every line are done inline (a key not held granted
-        exclusively; the drop of a key's only grant, nobody queued), the
-        rest by those methods, and the tokens are observed once.
+        standby's every read of its active's stream.  Almost every line
+        is a new exclusive grant of a free key or the drop of a key's only
+        grant: those go straight to their slot (and the tokens are
+        observed once), the rest through L{install} and L{drop}.
         """
-        keys, tokens, clients, free = self._keys, self._tokens, self._clients, self._free
-        granted, expires, names = self._granted, self._expires, self._names
+        keys, records, tokens = self._keys, self._records, self._tokens
         highest = 0
         for key, token, grantedAt, expiresAt, share, name, delayed in changes:
             slot = keys.get(key)
             if expiresAt is None:
                 if slot is None:
                     continue
-                if type(clients[slot]) is _Extra:  # shared, or queued: the full form
+                if key in records:
                     self.drop(key, token)
-                elif tokens[slot] == token:  # _freeSlot, inline
+                elif tokens[slot] == token:
                     del keys[key]
-                    clients[slot] = None
-                    free.append(slot)
-                continue
-            if slot is not None or share != EXCLUSIVE or delayed:
+                    self._freeSlot(slot)
+            elif slot is not None or share != EXCLUSIVE or delayed:
                 self.install(key, token, grantedAt, expiresAt, share, name, delayed)
-                continue
-            if token > highest:
-                highest = token
-            if free:  # _newSlot, inline
-                slot = free.pop()
-                tokens[slot] = token
-                granted[slot] = grantedAt
-                expires[slot] = expiresAt
-                clients[slot] = None
-                names[slot] = name
             else:
-                slot = len(clients)
-                tokens.append(token)
-                granted.append(grantedAt)
-                expires.append(expiresAt)
-                clients.append(None)
-                names.append(name)
-            keys[key] = slot
+                if token > highest:
+                    highest = token
+                self._place(key, None, token, grantedAt, expiresAt, None, name)
         if highest:
             self.tokens.observe(highest)
 
@@ -1160,20 +992,7 @@ class LockTable:
         """
         Forget the mirrored holder C{token} of C{key}, if it still holds it.
         """
-        slot = self._keys.get(key)
-        if slot is None:
-            return
-        shared = self._sharedAt(slot)
-        if shared is not None:
-            if shared.grants.pop(token, None) is not None:
-                self.sharedGrants -= 1
-                if shared.grants:
-                    self._syncShared(slot, shared)
-                elif self._queueAt(slot) is None:
-                    self._freeSlot(key, slot)
-            return
-        if self._tokens[slot] == token and self._queueAt(slot) is None:
-            self._freeSlot(key, slot)
+        self._forget(key, token)
 
     # -- shared keys, for replication and the operator's view ----------------
 
@@ -1182,34 +1001,33 @@ class LockTable:
         C{key}'s kind while it is held or waited for: L{READ_WRITE}, or the
         slot count of a semaphore; None when it is free.
         """
-        slot = self._keys.get(key)
-        if slot is None:
+        if key not in self._keys:
             return None
-        shared = self._sharedAt(slot)
-        return shared.kind if shared is not None else READ_WRITE
+        record = self._records.get(key)
+        return record.kind if record is not None else READ_WRITE
+
+    def isShared(self, key: bytes) -> bool:
+        """
+        Whether C{key} is held in shared form (readers, or a semaphore):
+        then L{sharedGrantsOf} lists its grants, and every per-key query
+        (L{tokenOf}, L{expiresAt}, L{holder}...) shows the one that runs
+        out first.
+        """
+        record = self._records.get(key)
+        return record is not None and record.share != EXCLUSIVE
 
     def holderCount(self, key: bytes) -> int:
         """
         How many grants hold C{key} (0 when it is free).
         """
-        slot = self._keys.get(key)
-        if slot is None:
-            return 0
-        shared = self._sharedAt(slot)
-        return len(shared.grants) if shared is not None else 1
+        return len(self._slotsOf(key))
 
     def grantsOf(self, key: bytes) -> List[Holder]:
         """
         A view of every grant holding C{key}, oldest (lowest token) first;
         each view's C{share} says how it holds the key.  Empty when free.
         """
-        slot = self._keys.get(key)
-        if slot is None:
-            return []
-        shared = self._sharedAt(slot)
-        if shared is None:
-            return [Holder(self, key, self._tokens[slot])]
-        return [Holder(self, key, token) for token in shared.grants]
+        return [Holder(self, key, token) for token, _ in self._slotsOf(key)]
 
     def sharedGrantsOf(self, key: bytes
                        ) -> List[Tuple[int, float, float, int, Optional[bytes], bool]]:
@@ -1219,18 +1037,10 @@ class LockTable:
         first (how a heal offers them: L{fitTogether} then keeps the same
         ones whichever order they come in); empty when free.
         """
-        slot = self._keys.get(key)
-        if slot is None:
-            return []
-        extra = self._clients[slot]
-        shared = extra.shared if type(extra) is _Extra else None
-        if shared is None:
-            delayed = type(extra) is _Extra and extra.delayed
-            return [(self._tokens[slot], self._granted[slot], self._expires[slot], EXCLUSIVE,
-                     self._names[slot], delayed)]
-        share = READ if shared.kind == READ_WRITE else shared.kind
-        return [(token, grant.grantedAt, grant.expiresAt, share, grant.name, grant.delayed)
-                for token, grant in reversed(shared.grants.items())]
+        share = self.shareOf(key, 0)
+        return [(token, self._granted[slot], self._expires[slot], share, self._names[slot],
+                 self._stateAt(slot) is KEPT)
+                for token, slot in reversed(self._slotsOf(key))]
 
     def firstGrants(self, key: bytes, count: int
                     ) -> List[Tuple[int, float, float, object, int, Optional[bytes], bool]]:
@@ -1241,120 +1051,52 @@ class LockTable:
         lists, bounded however many grants a shared key has.  Empty when
         free.
         """
-        slot = self._keys.get(key)
-        if slot is None or count <= 0:
-            return []
-        shared = self._sharedAt(slot)
-        if shared is None:
-            extra = self._clients[slot]
-            renewals = extra.renewals if type(extra) is _Extra else 0
-            delayed = type(extra) is _Extra and extra.delayed
-            return [(self._tokens[slot], self._granted[slot], self._expires[slot],
-                     self._clientAt(slot), renewals, self._names[slot], delayed)]
-        return [(token, grant.grantedAt, grant.expiresAt, grant.client, grant.renewals,
-                 grant.name, grant.delayed)
-                for token, grant in islice(shared.grants.items(), count)]
+        record = self._records.get(key)
+        slots = islice(record.grants.items(), max(count, 0)) if record is not None \
+            else self._slotsOf(key)[:max(count, 0)]
+        out = []
+        for token, slot in slots:
+            info = self._clients[slot]
+            if type(info) is _GrantInfo:
+                client, renewals, state = info.client, info.renewals, info.state
+            else:
+                client, renewals, state = info, 0, LIVE
+            out.append((token, self._granted[slot], self._expires[slot], client, renewals,
+                        self._names[slot], state is KEPT))
+        return out
 
     def shareOf(self, key: bytes, token: int) -> int:
         """
         How the grant C{token} of C{key} holds it (L{EXCLUSIVE}, L{READ} or
         a semaphore's slots); L{EXCLUSIVE} for a key in the one-holder form.
         """
-        slot = self._keys.get(key)
-        shared = self._sharedAt(slot) if slot is not None else None
-        if shared is None:
-            return EXCLUSIVE
-        return READ if shared.kind == READ_WRITE else shared.kind
+        record = self._records.get(key)
+        return record.share if record is not None else EXCLUSIVE
 
     def leaseOf(self, key: bytes, token: int) -> Optional[float]:
         """
         When the grant C{token} of C{key} runs out, or None once it has
         ended (any grant, shared or not).
         """
-        slot = self._keys.get(key)
-        if slot is None:
-            return None
-        shared = self._sharedAt(slot)
-        if shared is None:
-            return self._expires[slot] if self._tokens[slot] == token else None
-        grant = shared.grants.get(token)
-        return grant.expiresAt if grant is not None else None
+        slot = self._slotOf(key, token)
+        return self._expires[slot] if slot >= 0 else None
 
     def holdingOf(self, key: bytes, token: int) -> Optional[Tuple[int, float, float, object]]:
         """
         L{holding} for the grant C{token} of C{key}, whichever of a shared
         key's grants it is; None when C{token} does not hold the key.
         """
-        slot = self._keys.get(key)
-        if slot is None:
+        slot = self._slotOf(key, token)
+        if slot < 0 or self._stateAt(slot) is not LIVE:
             return None
-        shared = self._sharedAt(slot)
-        if shared is None:
-            holding = self.holding(key)
-            return holding if holding is not None and holding[0] == token else None
-        grant = shared.grants.get(token)
-        if grant is None or grant.delayed:
-            return None
-        return token, grant.grantedAt, grant.expiresAt, grant.client
+        return token, self._granted[slot], self._expires[slot], self._clientAt(slot)
 
-    # -- the lock-delay ------------------------------------------------------
-
-    def placeOf(self, key: bytes, token: int) -> Optional[Tuple[float, float, object, bool]]:
+    def nameOfGrant(self, key: bytes, token: int) -> Optional[bytes]:
         """
-        C{(grantedAt, expiresAt, client, delayed)} of the place C{token}
-        takes in C{key}: a live grant (C{delayed} False), or one that
-        expired and keeps its place until C{expiresAt} (the lock-delay);
-        None when it takes none.
+        The holder name of the grant (or place) C{token} of C{key}.
         """
-        slot = self._keys.get(key)
-        if slot is None:
-            return None
-        extra = self._clients[slot]
-        shared = extra.shared if type(extra) is _Extra else None
-        if shared is None:
-            if self._tokens[slot] != token:
-                return None
-            if type(extra) is _Extra:
-                return self._granted[slot], self._expires[slot], extra.client, extra.delayed
-            return self._granted[slot], self._expires[slot], extra, False
-        grant = shared.grants.get(token)
-        if grant is None:
-            return None
-        return grant.grantedAt, grant.expiresAt, grant.client, grant.delayed
-
-    def startDelay(self, key: bytes, token: int, until: float) -> None:
-        """
-        The grant C{token} of C{key} expired: it is no longer held (its
-        token is STALE, and L{newest} passes it by) but keeps its place in
-        the key until C{until}, when its expiry comes due again and frees
-        the place (L{expire}).
-        """
-        slot = self._keys[key]
-        extra = self._extraAt(slot)
-        shared = extra.shared
-        if shared is None:
-            assert self._tokens[slot] == token
-            extra.delayed = True
-            self._expires[slot] = until
-            return
-        grant = shared.grants[token]
-        grant.delayed = True
-        self._moveShared(key, token, grant, until)
-
-    def delayedUntil(self, key: bytes) -> Optional[float]:
-        """
-        When the last place of C{key} kept by the lock-delay frees, or None
-        when none is.
-        """
-        slot = self._keys.get(key)
-        extra = self._clients[slot] if slot is not None else None
-        if type(extra) is not _Extra:
-            return None
-        shared = extra.shared
-        if shared is None:
-            return self._expires[slot] if extra.delayed else None  # type: ignore[index]
-        ends = [grant.expiresAt for grant in shared.grants.values() if grant.delayed]
-        return max(ends) if ends else None
+        slot = self._slotOf(key, token)
+        return self._names[slot] if slot >= 0 else None
 
     def newest(self, key: bytes) -> Tuple[int, Optional[bytes]]:
         """
@@ -1362,37 +1104,13 @@ class LockTable:
         token), what an observer is shown; C{(0, None)} when no grant
         holds it (free, or only places kept by the lock-delay).
         """
-        slot = self._keys.get(key)
-        if slot is None:
-            return 0, None
-        extra = self._clients[slot]
-        if type(extra) is not _Extra:
-            return self._tokens[slot], self._names[slot]
-        shared = extra.shared
-        if shared is None:
-            if extra.delayed:
-                return 0, None
-            return self._tokens[slot], self._names[slot]
         # Grants are kept in the order they were made, so the newest is
         # usually last; a heal may add older ones after it, hence the max.
         newest, name = 0, None
-        for token, grant in shared.grants.items():
-            if token > newest and not grant.delayed:
-                newest, name = token, grant.name
+        for token, slot in self._slotsOf(key):
+            if token > newest and self._stateAt(slot) is LIVE:
+                newest, name = token, self._names[slot]
         return newest, name
-
-    def nameOfGrant(self, key: bytes, token: int) -> Optional[bytes]:
-        """
-        The holder name of the grant (or place) C{token} of C{key}.
-        """
-        slot = self._keys.get(key)
-        if slot is None:
-            return None
-        shared = self._sharedAt(slot)
-        if shared is None:
-            return self._names[slot] if self._tokens[slot] == token else None
-        grant = shared.grants.get(token)
-        return grant.name if grant is not None else None
 
     def grantCount(self) -> int:
         """
@@ -1407,52 +1125,42 @@ class LockTable:
         shared key's highest token first (the table must not change
         meanwhile).
         """
-        tokens, granted, expires = self._tokens, self._granted, self._expires
-        clients, names = self._clients, self._names
-        for key, slot in self._keys.items():
-            extra = clients[slot]
-            if type(extra) is _Extra and (extra.shared is not None or extra.delayed):
-                for token, grantedAt, expiresAt, share, name, delayed in self.sharedGrantsOf(key):
-                    yield key, token, grantedAt, expiresAt, share, name, delayed
-            else:
-                yield key, tokens[slot], granted[slot], expires[slot], EXCLUSIVE, names[slot], False
+        for key in self._keys:
+            for token, grantedAt, expiresAt, share, name, delayed in self.sharedGrantsOf(key):
+                yield key, token, grantedAt, expiresAt, share, name, delayed
 
-    def isShared(self, key: bytes) -> bool:
-        """
-        Whether C{key} is held in shared form (readers, or a semaphore):
-        then L{sharedGrantsOf} lists its grants, and every per-key query
-        (L{tokenOf}, L{expiresAt}, L{holder}...) shows the one that runs
-        out first.
-        """
-        slot = self._keys.get(key)
-        return slot is not None and self._sharedAt(slot) is not None
+    # -- the lock-delay ------------------------------------------------------
 
-    def takeWaiters(self) -> List[Waiter]:
+    def placeOf(self, key: bytes, token: int) -> Optional[Tuple[float, float, object, bool]]:
         """
-        Empty every queue (this node stops serving); holders stay.
+        C{(grantedAt, expiresAt, client, delayed)} of the place C{token}
+        takes in C{key}: a live grant (C{delayed} False), or one that
+        expired and keeps its place until C{expiresAt} (the lock-delay);
+        None when it takes none.
+        """
+        slot = self._slotOf(key, token)
+        if slot < 0:
+            return None
+        return (self._granted[slot], self._expires[slot], self._clientAt(slot),
+                self._stateAt(slot) is KEPT)
 
-        @return: the waiters that were queued, in queue order per key.
+    def startDelay(self, key: bytes, token: int, until: float) -> None:
         """
-        orphans: List[Waiter] = []
-        clients = self._clients
-        for slot in self._keys.values():
-            extra = clients[slot]
-            if type(extra) is _Extra and extra.queue is not None:
-                orphans.extend(self._unqueue(slot, extra))
-        self.waiterCount = 0
-        self.pending.clear()
-        return orphans
+        The grant C{token} of C{key} expired: it is no longer held (its
+        token is STALE, and L{newest} passes it by) but keeps its place in
+        the key until C{until}, when its expiry comes due again and frees
+        the place (L{expire}).
+        """
+        slot = self._slotOf(key, token)
+        assert slot >= 0
+        self._infoAt(slot).state = KEPT
+        self._move(key, slot, token, until)
 
-    def clear(self) -> None:
+    def delayedUntil(self, key: bytes) -> Optional[float]:
         """
-        Forget every holder and waiter (a fresh snapshot follows).
+        When the last place of C{key} kept by the lock-delay frees, or None
+        when none is.
         """
-        self.takeWaiters()
-        self.sharedGrants = 0
-        self._keys.clear()
-        self._tokens = array("Q")
-        self._granted = array("d")
-        self._expires = array("d")
-        self._clients = []
-        self._names = []
-        self._free = []
+        ends = [self._expires[slot] for _, slot in self._slotsOf(key)
+                if self._stateAt(slot) is KEPT]
+        return max(ends) if ends else None
