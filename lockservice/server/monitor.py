@@ -263,13 +263,6 @@ class Monitor:
             self._fold()
         return self._changes.series
 
-    def fold(self) -> None:
-        """
-        Fold the noted changes into the events, statistics and series
-        (L{ChangeLog.fold}).
-        """
-        self._fold()
-
     def _event(self, type: str, key: Optional[bytes] = None, token: Optional[int] = None,
                who: Optional[str] = None, detail: Optional[str] = None,
                seconds: Optional[float] = None) -> None:

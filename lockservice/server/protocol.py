@@ -488,14 +488,6 @@ class LockFactory(Factory):
         self.admission = Admission(maxConnections, acceptsPeers=peerAcceptor is not None)
 
     @property
-    def maxConnections(self) -> int:
-        return self.admission.maxConnections
-
-    @maxConnections.setter
-    def maxConnections(self, value: int) -> None:
-        self.admission.maxConnections = value
-
-    @property
     def probation(self) -> int:
         """
         Connections on probation now (see L{Admission}).

@@ -148,13 +148,6 @@ class LockService(Grants, Mirroring, Service):
 
     # -- the answer turn (see turn.py) -------------------------------------
 
-    @property
-    def turn(self) -> Optional[List[AnswerSink]]:
-        """
-        The connections whose answers are being gathered now, or None.
-        """
-        return self.answers.current
-
     def _inTurn(self, work: Callable[[], None]) -> None:
         outer = self.answers.open()
         try:
@@ -224,16 +217,6 @@ class LockService(Grants, Mirroring, Service):
         frozen (its waiters are still its own).
         """
         return self.mode in OWN_TABLE
-
-    def beforeAnswer(self) -> bool:
-        """
-        Hand the changes on (run the hooks that must complete before a
-        client hears an answer).
-
-        @return: True when answers may go out now.
-        """
-        gate = self.answers.gate
-        return gate.reached() >= gate.publish()
 
     # -- requests from connections ---------------------------------------
 
