@@ -6,11 +6,12 @@ Connections: at most C{maxConnections} client connections at once; past
 that a new connection is admitted "on probation" (it may be a peer, which
 shares the client port) or refused.
 
-STALE policing (a token guesser must not be able to probe for long): a connection collecting more than
-L{STALE_LIMIT} STALE answers (to R or N) within L{STALE_WINDOW} seconds is
-guessing tokens and is closed.  That limit is per connection: a neighbour's
-STALE answers never close, refuse or delay a live connection (many honest
-clients share one address: a host's processes, a NAT, a proxy).  Guessing
+STALE policing (a token guesser must not be able to probe for long): a
+connection collecting more than L{STALE_LIMIT} STALE answers (to R or N)
+within L{STALE_WINDOW} seconds is guessing tokens and is closed.  That
+limit is per connection: a neighbour's STALE answers never close, refuse
+or delay a live connection (many honest clients share one address: a
+host's processes, a NAT, a proxy).  Guessing
 over reconnects is met at the door instead: an address whose connections
 keep being closed for that limit has its *new* connections slowed (each is
 read only after the one before it had its turn).
