@@ -675,12 +675,13 @@ class _NodeResource(Resource):
         except BadQuery as e:
             return _json(request, {"error": str(e)}, 400)
 
-    def stream(self, request: Request, parts: Iterable[Tuple[str, Any]]) -> Any:
+    def stream(self, request: Request, pieces: Iterator[bytes]) -> Any:
         """
-        Answer the JSON object of C{parts} a step at a time (L{Answer}).
+        Answer a JSON object a piece per step (L{Answer}): C{pieces} from
+        L{jsonPieces}, called by each page, where its parts are made.
         """
         _headers(request)
-        Answer(request, jsonPieces(parts), self.cooperator, self.locks.clock)
+        Answer(request, pieces, self.cooperator, self.locks.clock)
         return NOT_DONE_YET
 
 
@@ -725,8 +726,8 @@ class LocksResource(_NodeResource):
         if path == [b"stats"]:
             if self.monitor is None:
                 return _json(request, {"error": "no statistics on this node"}, 404)
-            return self.stream(request, statsParts(
-                self.monitor, _int(request, b"limit", STATS_LIMIT, 0, STATS_MAX)))
+            return self.stream(request, jsonPieces(statsParts(
+                self.monitor, _int(request, b"limit", STATS_LIMIT, 0, STATS_MAX))))
         key = _key(b"/".join(path)) if path else _key(_arg(request, b"key"))
         limit = _int(request, b"limit", LOCKS_LIMIT, 0, LOCKS_LIMIT)
         offset = _int(request, b"offset", 0, 0)
@@ -737,9 +738,9 @@ class LocksResource(_NodeResource):
             def one(key: bytes = key) -> Iterator[Tuple[str, Any]]:
                 yield from heldLocks(self.locks, key, monitor=self.monitor,
                                      waiters=waiters, holders=holders).items()
-            return self.stream(request, one())
-        return self.stream(request, heldLocksParts(
-            self.locks, limit, offset, self.monitor, waiters, holders))
+            return self.stream(request, jsonPieces(one()))
+        return self.stream(request, jsonPieces(heldLocksParts(
+            self.locks, limit, offset, self.monitor, waiters, holders)))
 
     def render_POST(self, request: Request) -> bytes:
         path = self._path(request)
@@ -810,20 +811,20 @@ class LocksResource(_NodeResource):
 class EventsResource(_NodeResource):
     def render_GET(self, request: Request) -> Any:
         assert self.monitor is not None
-        return self.stream(request, eventsParts(
+        return self.stream(request, jsonPieces(eventsParts(
             self.monitor,
             since=_int(request, b"since", 0, 0, 2**63),
             key=_key(_arg(request, b"key")),
             limit=_int(request, b"limit", EVENTS_LIMIT, 1, EVENTS_LIMIT),
-        ))
+        )))
 
 
 class DashboardDataResource(_NodeResource):
     def render_GET(self, request: Request) -> Any:
         assert self.monitor is not None
-        return self.stream(request, dashboardParts(
+        return self.stream(request, jsonPieces(dashboardParts(
             self.locks, self.cluster, self.monitor,
-            _int(request, b"seconds", 300, 1, 3600)))
+            _int(request, b"seconds", 300, 1, 3600))))
 
 
 class MetricsResource(Resource):
