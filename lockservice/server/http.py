@@ -710,7 +710,7 @@ class LocksResource(_NodeResource):
                  adminSecret: Optional[bytes] = None,
                  cooperator: Optional[Cooperator] = None) -> None:
         super().__init__(locks, cluster, monitor, cooperator)
-        self.adminSecret = adminSecret
+        self.forceRelease = ForceRelease(locks, monitor, adminSecret)
 
     def _path(self, request: Request) -> List[bytes]:
         # twisted.web has already percent-decoded each segment (after
@@ -743,7 +743,23 @@ class LocksResource(_NodeResource):
             self.locks, limit, offset, self.monitor, waiters, holders)))
 
     def render_POST(self, request: Request) -> bytes:
-        path = self._path(request)
+        return self.forceRelease.render(request, self._path(request))
+
+
+class ForceRelease:
+    """
+    The admin's C{POST /locks/K/release} or C{POST /locks/release?key=K}
+    (with --admin-secret): the grant released through the monitor, which
+    logs it and shows it as a force-release.
+    """
+
+    def __init__(self, locks: LockService, monitor: Optional[Monitor],
+                 adminSecret: Optional[bytes]) -> None:
+        self.locks = locks
+        self.monitor = monitor
+        self.adminSecret = adminSecret
+
+    def render(self, request: Request, path: List[bytes]) -> bytes:
         query = _arg(request, b"key")
         if path == [b"release"] and query is not None:
             raw = query  # POST /locks/release?key=K: any key, unambiguous
