@@ -666,7 +666,7 @@ def test_a_node_far_behind_its_peers_stands_by_and_says_why() -> None:
     distrust our clock, and ask for no snapshot we would refuse.  Once
     that peer is gone we sync afresh.
     """
-    from lockservice.server.http import status
+    from lockservice.server.webpages import status
 
     lab = Lab()
     said = saying(lab)

@@ -12,7 +12,7 @@ from lockservice.cluster import serving
 from lockservice.cluster.serving import MOVES, ROLE_OF, NodeState
 from lockservice.core.election import ACTIVE, HANDING_OFF, ROLES, STANDBY
 from lockservice.server import modes
-from lockservice.server.http import status
+from lockservice.server.webpages import status
 from tests.support.cluster import NOW_US, Lab, activeWithFollower
 
 

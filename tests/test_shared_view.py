@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from lockservice.server import http
+from lockservice.server import webpages as http
 from lockservice.server.deadlocks import WAIT_ENTERS_AFTER
 from tests.support.protocol import T0
 from tests.support.protocol import Node as ProtocolNode

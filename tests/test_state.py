@@ -397,7 +397,7 @@ def test_status_shows_one_clock_warning() -> None:
     import time
     from types import SimpleNamespace
 
-    from lockservice.server.http import status
+    from lockservice.server.webpages import status
 
     locks = LockService(Clock(), lambda: 0)
     assert status(locks, None)["clock_warning"] is None
