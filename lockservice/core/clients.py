@@ -105,3 +105,26 @@ class ConnectionClients:
         The client holding C{key} now (None: free, or unknown here).
         """
         return self.clientOf(self.connectionHolding(key))
+
+    def _pin(self, conn: Client) -> Client:
+        """
+        The client of C{conn} for one more of its waits: the one of its
+        first wait while it waits (see C{_pinned}).
+        """
+        pinned = self._pinned.get(conn)
+        if pinned is None:
+            client = self.clientOf(conn)
+            assert client is not None
+            self._pinned[conn] = (client, 1)
+            return client
+        self._pinned[conn] = (pinned[0], pinned[1] + 1)
+        return pinned[0]
+
+    def _unpin(self, conn: Client, pinned: Tuple[Client, int]) -> None:
+        """
+        One of the waits of C{conn} (pinned as C{pinned}) ended.
+        """
+        if pinned[1] == 1:
+            del self._pinned[conn]
+        else:
+            self._pinned[conn] = (pinned[0], pinned[1] - 1)

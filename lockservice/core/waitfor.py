@@ -158,9 +158,7 @@ class WaitForGraph(SharedDeadlocks):
         C{key} is now held by C{who} (None: by a client unknown here, e.g.
         a grant learned by replication): C{holderOf(key)} says so already.
         """
-        # As unhold (inline, not a call: this runs at every grant).
-        for cid in self._byKey.get(key, ()):
-            self._suspect(cid)
+        self._recheckThrough(key)
         if not self._waitedFor.get(key):
             return  # nobody waits for it: no cycle closes here
         who = self.clientOf(who)
@@ -173,6 +171,9 @@ class WaitForGraph(SharedDeadlocks):
         """
         C{key} is free, or changed hands (C{holderOf(key)} says so already).
         """
+        self._recheckThrough(key)
+
+    def _recheckThrough(self, key: bytes) -> None:
         # The cycles through key lost their edge: check them again.
         for cid in self._byKey.get(key, ()):
             self._suspect(cid)
@@ -181,21 +182,13 @@ class WaitForGraph(SharedDeadlocks):
         """
         C{who} (a connection) queued for C{key}.
         """
-        # _pin and holderOf, inline: this runs at every wait.
-        conn, pins = who, self._pinned
-        pinned = pins.get(conn)
-        if pinned is None:
-            who = self.clientOf(conn)
-            pins[conn] = (who, 1)
-        else:
-            who = pinned[0]
-            pins[conn] = (who, pinned[1] + 1)
+        who = self._pin(who)
         keys = self._waits.get(who)
         if keys is None:
             keys = self._waits[who] = {}
         count = keys[key] = keys.get(key, 0) + 1
         self._waitedFor[key] = self._waitedFor.get(key, 0) + 1
-        holder = self.clientOf(self.connectionHolding(key))
+        holder = self.holderOf(key)
         # A key in shared form has no one holder (holderOf says None):
         # only then is it asked whether it is shared.
         if holder is None and self.isShared is not None and self.isShared(key):
@@ -220,11 +213,7 @@ class WaitForGraph(SharedDeadlocks):
         keys = self._waits.get(who)
         if keys is None or key not in keys:
             return
-        # _unpin, inline: this runs at every grant to a waiter.
-        if pinned[1] == 1:
-            del self._pinned[conn]
-        else:
-            self._pinned[conn] = (who, pinned[1] - 1)
+        self._unpin(conn, pinned)
         keys[key] -= 1
         if self._waitedFor[key] == 1:
             del self._waitedFor[key]
