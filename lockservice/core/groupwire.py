@@ -31,7 +31,7 @@ answers C{M <op> <group> <host:port>} like any other.
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 from lockservice.core import wire
 from lockservice.core.groups import MAX_CAPABILITIES, escape, unescape
@@ -83,7 +83,7 @@ def parseGroupRequest(fields: List[bytes], maxLease: float) -> GroupRequest:
     if len(fields) != 1 + len(names) or b"" in fields:
         raise wire.BadRequest(op, key, "expected: " + usage)
     values = dict(zip(names, fields[1:], strict=True))
-    request = {"op": op, "key": fields[1]}
+    request: Dict[str, object] = {"op": op, "key": fields[1]}
     for name in ("group", "member"):
         if name in values:
             if not wire.isValidKey(values[name]):
@@ -126,7 +126,3 @@ def answer(request: GroupRequest, *words: bytes) -> bytes:
     if request.member is not None:
         head.append(request.member)
     return b" ".join(head + list(words)) + b"\n"
-
-
-def escapedCaps(blob: bytes) -> bytes:
-    return escape(blob)

@@ -132,16 +132,6 @@ class WaitQueue:
         return waiter
 
 
-def identOf(client: object) -> Optional[bytes]:
-    """
-    The holder name a grant to C{client} is made under: the C{I} name its
-    connection has at the moment of the grant (kept with the grant after
-    the connection renames itself or closes, and replicated with it), or
-    None for a connection that never named itself.
-    """
-    return getattr(client, "ident", None)
-
-
 def nameOf(client: object) -> Optional[str]:
     """
     The name a client is shown by: its C{name} now (a connection that
