@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import threading
 from typing import Any, Awaitable, Callable, Dict, NoReturn, Optional, Set, Tuple, Union
 
 from lockservice.client import aio
 from lockservice.client.arguments import checkShare, encodeKey
+from lockservice.client.election import DEFAULT_LEADER_LEASE
 from lockservice.client.errors import (
     LockRejected,
     LockTimeout,
@@ -279,7 +281,9 @@ class Driver:
     def campaign(self, command: Json) -> Callable[[], Awaitable[Json]]:
         election = _field(command, "election", str)
         value = _field(command, "value", str)
-        lease = _field(command, "lease", float, required=False) or 10.0
+        lease = _field(command, "lease", float, required=False)
+        if lease is None:
+            lease = DEFAULT_LEADER_LEASE
         encodeKey(election, "election")
         _seconds(lease, "lease", positive=True)
         from lockservice.client.election import campaignName
@@ -426,7 +430,13 @@ def _isClose(raw: bytes) -> bool:
 
 def main(argv: Any = None) -> None:
     args = parseArguments(sys.argv[1:] if argv is None else argv)
-    raise SystemExit(asyncio.run(_main(args)))
+    status = asyncio.run(_main(args))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not SystemExit: the stdin reader thread may be blocked in a read
+    # holding stdin's buffer lock, and the interpreter's shutdown then
+    # aborts the process (a fatal error and a core) instead of exiting.
+    os._exit(status)
 
 
 if __name__ == "__main__":

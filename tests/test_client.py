@@ -191,12 +191,26 @@ def test_down_connection_is_skipped_and_retried_every_3s() -> None:
 def test_dropped_connection_reconnects_at_once_then_every_3s() -> None:
     clock, net, client = makeClient(["a:1", "b:2"])
     a = net.connections[0]
+    clock.advance(3)  # the connection lasted
     net.down["a:1"] = True
     a.drop()
     clock.advance(0)
     assert net.attempts == ["a:1", "b:2", "a:1"]
     clock.advance(3)
     assert net.attempts == ["a:1", "b:2", "a:1", "a:1"]
+
+
+def test_a_node_that_closes_every_connection_at_once_is_redialled_every_3s() -> None:
+    clock, net, client = makeClient(["a:1", "b:2"])
+    for _ in range(3):
+        assert client.slots[0].up
+        client.slots[0].protocol.transport.loseConnection()  # type: ignore[union-attr]
+        client.slots[0].protocol.connectionLost(  # type: ignore[union-attr]
+            Failure(ConnectionDone()))
+        clock.advance(2.9)
+        assert not client.slots[0].up, "redialled before 3 s had passed since the last attempt"
+        clock.advance(0.1)
+    assert net.attempts.count("a:1") == 4
 
 
 def test_pipelined_answers_paired_by_op_and_key_in_send_order() -> None:
@@ -306,6 +320,7 @@ def test_redirected_slot_goes_home_when_active_is_lost() -> None:
     active = net.connections[-1]
     active.answer(b"A k 11")
     result(d)
+    clock.advance(3)  # the connection to the active lasted
     net.down["act:9"] = True
     active.drop()
     clock.advance(0)
@@ -563,11 +578,14 @@ def releaseSends(clock: Clock, net: Network, r: Deferred, answer: Optional[bytes
     return times
 
 
-def test_release_is_sent_every_200ms_for_5s_exactly() -> None:
+def test_release_is_sent_on_every_connection_up_for_5s_exactly() -> None:
+    # Each connection that carries the release drops: the release goes to
+    # the other one 200 ms later, then to each as it is redialled (every
+    # 3 s: a connection that dropped at once is not redialled in a loop).
     clock, net, client = makeClient(["a:1"])
     r = client.release(Lock("k", 42))
     times = releaseSends(clock, net, r, None)
-    assert times == [round(0.2 * k, 6) for k in range(25)]
+    assert times == [0.0, 0.2, 3.0, 3.2]
     assert failureOf(r).check(ReleaseFailed)
     # ... and it failed at 5 s, not later.
     assert round(clock.seconds(), 2) <= 5.01
@@ -720,6 +738,7 @@ def test_request_resent_after_a_drop_never_goes_to_the_dead_connection() -> None
     s2.drop()
     d = client.acquire("k", 30, 0)
     assert s1.sent() == [b"A k 30 0"]
+    clock.advance(3)  # the connection lasted
     s1.drop()
     assert s1.sent() == []
     clock.advance(0)  # a:1 redialled
@@ -887,3 +906,32 @@ def test_a_try_with_the_smallest_wait_is_sent_with_that_wait() -> None:
     assert carrier.sent() == [b"A k 30 0.000001"]
     carrier.answer(b"A k 5")
     assert result(d).token == 5
+
+
+def test_connections_to_one_node_that_drop_together_cost_a_request_one_try() -> None:
+    """
+    A failover: both connections had followed M to the active, which dies.
+    The acquire and the observe on them are not failed (one try each), and
+    are re-sent once the connections are back.
+    """
+    clock, net, client = makeClient(["a:1"])
+    first, second = net.connections
+    clock.advance(5)  # the connections lasted: redialled at once when they drop
+    acquired = client.acquire("k", 30, 0)
+    observed = client.observe("k", 3)
+    carriers = [c for c in (first, second) if c.sent()]
+    assert carriers
+    for side in (first, second):  # the node dies: both go in the same moment
+        side.drop()
+    assert not acquired.called and not observed.called
+    clock.advance(0)
+    fresh = [c for c in net.connections if c not in (first, second)]
+    assert len(fresh) == 2
+    sent = {c: c.sent() for c in fresh}
+    assert sorted(line.split(b" ")[0] for lines in sent.values() for line in lines) == [
+        b"A", b"O"]
+    for c, lines in sent.items():
+        for line in lines:
+            c.answer(b"A k 9" if line.startswith(b"A") else b"O k 9 -")
+    assert result(acquired).token == 9
+    assert result(observed).token == 9

@@ -29,7 +29,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from lockservice.client.errors import ConnectionDropped, LockRejected, LockTimeout, NoConnection
 from lockservice.client.holding import Holdings
 from lockservice.client.lock import Lock, Share
-from lockservice.client.pool import Pool, Slot
+from lockservice.client.pool import Pool, Slot, Tries
 from lockservice.client.protocol import Fields, LockClientProtocol
 from lockservice.client.timers import Timers
 from lockservice.core import wire
@@ -95,6 +95,8 @@ class Acquire:
         # Since when the cluster answers M ... * (no active known), or None.
         self.noActiveSince: Optional[float] = None
         self.guard: Optional[IDelayedCall] = None
+        # The withdrawal (C) sent when the caller gave up, until answered.
+        self.withdrawal: "Optional[Deferred[Fields]]" = None
 
     def start(self) -> "Deferred[Lock]":
         owner = self.owner
@@ -120,11 +122,32 @@ class Acquire:
         """
         if self.result.called:
             return
-        self.result.errback(error)
         carrier = self.carrier
         if carrier is not None and carrier.lostReason is None:
-            carrier.request(b"C", self.key, b"C " + self.key + b"\n").addErrback(
-                lambda f: None)
+            self.withdrawal = carrier.request(b"C", self.key, b"C " + self.key + b"\n")
+            self.withdrawal.addErrback(lambda f: None)
+        # After the withdrawal is out: whoever waits on the result may
+        # want to know whether one was sent (L{whenSettled}).
+        self.result.errback(error)
+
+    def whenSettled(self, within: float) -> "Deferred[None]":
+        """
+        Fires once the node has answered the withdrawal, if one was sent
+        (so a grant that crossed it has been read, and is being released),
+        or after C{within} seconds at the latest.
+        """
+        settled: "Deferred[None]" = Deferred()
+        if self.withdrawal is None or self.withdrawal.called:
+            settled.callback(None)
+            return settled
+        def done(_: object = None) -> None:
+            self.owner.timers.cancel(call)
+            if not settled.called:
+                settled.callback(None)
+
+        call = self.owner.timers.later(within, done)
+        self.withdrawal.addBoth(done)
+        return settled
 
     def _noAnswer(self) -> None:
         self.guard = None
@@ -163,7 +186,8 @@ class Acquire:
 
     async def _attempt(self) -> None:
         owner, pool = self.owner, self.pool
-        drops = redirects = 0
+        tries = Tries(pool)
+        redirects = 0
         # The deadline ends re-sends only: the first try goes out, once a
         # connection carries it (the guard bounds the wait for one).
         tried = False
@@ -189,16 +213,14 @@ class Acquire:
                 else:
                     await pool.whenConnected(CONNECT_WAIT)
                 continue
-            protocol = slot.protocol
+            protocol, address = slot.protocol, slot.address
             assert protocol is not None
             tried = True
             self.carrier = protocol
             try:
                 fields = await protocol.request(b"A", self.key, self._line())
             except ConnectionDropped:
-                drops += 1
-                if drops >= len(pool.slots):
-                    raise NoConnection(f"connection dropped {drops} times; giving up") from None
+                tries.dropped(address)
                 continue
             finally:
                 self.carrier = None

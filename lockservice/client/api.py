@@ -69,7 +69,7 @@ from lockservice.client.groups import Groups
 from lockservice.client.holding import Holdings
 from lockservice.client.lock import Lock, Share
 from lockservice.client.observing import Observe, Observed, Watch
-from lockservice.client.pool import RECONNECT_INTERVAL, Pool, Slot
+from lockservice.client.pool import RECONNECT_INTERVAL, RETIRE_TIMEOUT, Pool, Slot
 from lockservice.client.protocol import Fields
 from lockservice.client.retrying import (
     EPSILON,
@@ -393,10 +393,14 @@ class LockClient:
         pool = Pool(self.clock, home.homes, self.endpointFor, name, spare=False)
         pool.start()
         electionText = rawElection.decode("utf-8")
-        d = self._acquireOn(pool, rawElection, lease, wait, True, None)
+        acquire = Acquire(self, pool, rawElection, lease, wait, None, b"", True)
+        d = acquire.start()
 
         def ended(result: object) -> object:
-            pool.retireAll()
+            # A cancelled campaign keeps its connection until the node has
+            # answered the withdrawal: a grant that crossed it is read on
+            # that connection, and released.
+            acquire.whenSettled(RETIRE_TIMEOUT).addCallback(lambda _: pool.retireAll())
             return result
 
         d.addBoth(ended)

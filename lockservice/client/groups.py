@@ -22,7 +22,7 @@ from lockservice.client.acquiring import (
     secondsField,
 )
 from lockservice.client.errors import ConnectionDropped, LockError, LockRejected, NoConnection
-from lockservice.client.pool import Pool
+from lockservice.client.pool import Pool, Tries
 from lockservice.client.protocol import Fields
 from lockservice.client.timers import Timers
 from lockservice.core import wire
@@ -87,7 +87,8 @@ class Groups:
     async def _send(self, op: bytes, key: bytes, line: bytes) -> Fields:
         client = self.client
         pool = client.poolFor(key)
-        drops = redirects = 0
+        tries = Tries(pool)
+        redirects = 0
         noActiveSince: Optional[float] = None
         while True:
             if client.closed:
@@ -96,12 +97,11 @@ class Groups:
             if slot is None or slot.protocol is None:
                 await pool.whenConnected(CONNECT_WAIT)
                 continue
+            address = slot.address
             try:
                 fields = await slot.protocol.request(op, key, line)
             except ConnectionDropped:
-                drops += 1
-                if drops >= len(pool.slots):
-                    raise NoConnection(f"connection dropped {drops} times; giving up") from None
+                tries.dropped(address)
                 continue
             if fields[0] == b"M":
                 target = fields[3] if len(fields) > 3 else b"*"

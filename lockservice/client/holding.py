@@ -56,6 +56,8 @@ class Holdings:
         if lock.expires is not None and expires <= lock.expires:
             return
         lock.expires = expires
+        if self._held.get((lock.key, lock.token)) is not lock:
+            return  # a lock this client does not hold (a token from elsewhere)
         self.timers.cancel(lock._expiryCall)
         lock._expiryCall = self.timers.later(expires - self.timers.clock.seconds(),
                                              lambda: self._expired(lock))
@@ -108,9 +110,9 @@ class Holdings:
         The next keep-alive renewal: a third of the lease after the last
         confirmed send (at once when nothing is confirmed).
         """
-        assert lock.lease is not None
         if not lock._keepAlive or lock.released or lock.isLost:
             return
+        assert lock.lease is not None
         if lock._renewCall is not None and lock._renewCall.active():
             self.timers.cancel(lock._renewCall)
         if lock.expires is None:

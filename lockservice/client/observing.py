@@ -32,7 +32,7 @@ from lockservice.client.acquiring import (
     secondsField,
 )
 from lockservice.client.errors import ConnectionDropped, LockError, LockRejected, NoConnection
-from lockservice.client.pool import Pool, Slot
+from lockservice.client.pool import Pool, Slot, Tries
 from lockservice.client.protocol import LockClientProtocol
 from lockservice.client.timers import Timers
 
@@ -135,7 +135,8 @@ class Observe:
 
     async def _attempt(self) -> None:
         owner, pool = self.owner, self.pool
-        drops = redirects = 0
+        tries = Tries(pool)
+        redirects = 0
         again: Optional[Slot] = None
         while True:
             if self.result.called:
@@ -160,15 +161,13 @@ class Observe:
                 else:
                     await pool.whenConnected(CONNECT_WAIT)
                 continue
-            protocol = slot.protocol
+            protocol, address = slot.protocol, slot.address
             assert protocol is not None
             self.carrier = protocol
             try:
                 fields = await protocol.request(b"O", self.key, self._line())
             except ConnectionDropped:
-                drops += 1
-                if drops >= len(pool.slots):
-                    raise NoConnection(f"connection dropped {drops} times; giving up") from None
+                tries.dropped(address)
                 continue
             finally:
                 self.carrier = None

@@ -48,6 +48,40 @@ def _why(reason: Failure) -> str:
     return text
 
 
+# Connections to one node that drop within this long of each other went
+# down together (the node died or restarted, taking them all).
+SAME_FAILURE = 0.5
+
+
+class Tries:
+    """
+    The tries a request has spent on connections that dropped while they
+    carried it: it gives up after as many as its pool has connections.
+    Connections to one node that drop in the same moment are one try, so a
+    failover costs a request one try however many of its connections had
+    followed the active there.
+    """
+
+    def __init__(self, pool: "Pool") -> None:
+        self.pool = pool
+        self.spent = 0
+        self._last: Optional[Tuple[Address, float]] = None
+
+    def dropped(self, address: Address) -> None:
+        """
+        The connection to C{address} carrying the request dropped.
+
+        @raise NoConnection: that was the last try.
+        """
+        now = self.pool.clock.seconds()
+        last, self._last = self._last, (address, now)
+        if last is not None and last[0] == address and now - last[1] < SAME_FAILURE:
+            return
+        self.spent += 1
+        if self.spent >= len(self.pool.slots):
+            raise NoConnection(f"connection dropped {self.spent} times; giving up")
+
+
 class Slot:
     """
     One persistent connection of a pool.  States: down (a retry may be
@@ -63,6 +97,9 @@ class Slot:
         self.retry: Optional[IDelayedCall] = None
         self.waitingForConnection: List["Deferred[None]"] = []
         self.lastError: Optional[str] = None
+        # When the last attempt began: a node that accepts and closes at
+        # once is redialled every RECONNECT_INTERVAL, not in a loop.
+        self.attemptedAt = float("-inf")
 
     @property
     def up(self) -> bool:
@@ -73,6 +110,7 @@ class Slot:
             return
         self.connecting = True
         self.retry = None
+        self.attemptedAt = self.pool.clock.seconds()
         address = self.address
         protocol = LockClientProtocol(self.pool.name)
         try:
@@ -146,9 +184,12 @@ class Slot:
         if self.pool.closed:
             return
         # A redirected connection that is lost goes back to its configured
-        # address, which redirects it to whoever is active by then.
+        # address, which redirects it to whoever is active by then.  At
+        # once after a connection that lasted, else a whole interval after
+        # the attempt that made it.
         self.address = self.home
-        self._scheduleRetry(0)
+        self._scheduleRetry(max(0.0, self.attemptedAt + RECONNECT_INTERVAL
+                                - self.pool.clock.seconds()))
 
     def switchTo(self, address: str) -> "Deferred[None]":
         """
