@@ -1,6 +1,6 @@
 """
 The conformance suite: real lockservice nodes, every official client driven
-through its conformance driver (SPEC §5, "Conformance driver (v4)").
+through its conformance driver (docs/protocol.md, "Conformance driver").
 
 Which drivers run: C{LOCKSERVICE_DRIVERS}, a comma list of C{python,go,js}
 (default all three).  C{LOCKSERVICE_GO_DRIVER} / C{LOCKSERVICE_JS_DRIVER}

@@ -5,7 +5,7 @@ bounded.
 A reader thread takes each stdout line as it comes, with its arrival time
 and its place in the output (so tests can check the order of lines);
 anything on stdout that is not one JSON object is kept in C{garbage} and
-fails the test at teardown (the SPEC: nothing else on stdout).
+fails the test at teardown (a driver writes nothing else on stdout).
 """
 
 from __future__ import annotations
