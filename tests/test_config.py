@@ -14,6 +14,7 @@ from typing import Any, Dict, List
 import pytest
 
 from lockservice import config
+from lockservice.cli.nodetools import tomlValue
 from lockservice.tap import Options
 from lockservice.testing.harness import freePort, ping, twistdEnvironment, waitFor
 
@@ -109,7 +110,7 @@ def test_a_key_means_what_its_option_means(name: str, tmp_path: Path, files: Dic
     if fileValue == "STATE":
         fileValue = cliValue = str(tmp_path / "state")
     needs = [files["secret"] if a == "SECRET" else a for a in NEEDS.get(name, [])]
-    toml = f"{name} = {config.tomlValue(fileValue)}\n"
+    toml = f"{name} = {tomlValue(fileValue)}\n"
     fromFile = parse(["--config", write(tmp_path, toml)] + needs)
     fromLine = parse([f"--{name}", str(cliValue)] + needs)
     assert fromFile[name] == fromLine[name] and fromFile[name] is not None

@@ -7,11 +7,6 @@ a command with one line and one of them.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    pass
-
 
 EX_OK = 0
 

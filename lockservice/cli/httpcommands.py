@@ -15,10 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import TYPE_CHECKING, Any, Dict, Optional
-
-if TYPE_CHECKING:
-    pass
+from typing import Any, Dict, Optional
 
 from lockservice.cli.errors import (
     EX_NOPERM,

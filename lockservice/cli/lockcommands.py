@@ -11,10 +11,7 @@ import os
 import signal
 import socket
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
-
-if TYPE_CHECKING:
-    pass
+from typing import Any, Dict, List, Optional
 
 from lockservice.cli.errors import (
     EX_LOST,

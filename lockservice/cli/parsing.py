@@ -9,10 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Optional
-
-if TYPE_CHECKING:
-    pass
+from typing import Any, Optional
 
 from lockservice.cli.errors import EX_LOST, EX_USAGE, EXIT_STATUSES
 from lockservice.cli.httpcommands import DEFAULT_STATUS_URL
