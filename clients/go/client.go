@@ -31,8 +31,13 @@ const (
 	noActiveEvery = 100 * time.Millisecond
 	// noConnectionFor bounds how long an acquire waits for a connection.
 	noConnectionFor = 10 * time.Second
-	// maxRedirects bounds the redirects one request follows.
+	// maxRedirects bounds the redirects one attempt of a request follows in
+	// a row; beyond them it is treated like "M ... *" (no active known).
 	maxRedirects = 20
+	// sameMoment: connections to one address that drop within this long
+	// of each other went down together (the node died), and cost a request
+	// one try, not one each.
+	sameMoment = time.Second
 	// withdrawFor bounds how long a cancelled acquire waits for the node to
 	// confirm its withdrawal (and for the release of a grant that crossed).
 	withdrawFor = 2 * time.Second
@@ -188,6 +193,24 @@ type AcquireOptions struct {
 	// KeepAlive renews the lock every third of its lease until it is
 	// released; Lock.Lost tells when it can no longer be trusted.
 	KeepAlive bool
+	// LeaseSeconds and WaitSeconds, when not zero, replace Lease and Wait:
+	// seconds as the wire writes them, for values a Duration cannot hold
+	// (beyond about 292 years) that should still reach the node as given
+	// (see Seconds).
+	LeaseSeconds Seconds
+	WaitSeconds  Seconds
+}
+
+// seconds is the lease and the wait of o as the wire writes them.
+func (o AcquireOptions) seconds() (lease, wait Seconds) {
+	lease, wait = o.LeaseSeconds, o.WaitSeconds
+	if lease.IsZero() {
+		lease = SecondsOf(o.Lease)
+	}
+	if wait.IsZero() {
+		wait = SecondsOf(o.Wait)
+	}
+	return lease, wait
 }
 
 func checkAcquire(op, key string, o AcquireOptions) (string, error) {
@@ -195,10 +218,10 @@ func checkAcquire(op, key string, o AcquireOptions) (string, error) {
 		return "", newError(ErrInvalid, op, "", "bad key "+strconv.Quote(key)+
 			": 1-250 bytes of UTF-8, no spaces or control characters")
 	}
-	if o.Lease <= 0 {
+	if o.Lease <= 0 && o.LeaseSeconds.IsZero() {
 		return "", newError(ErrInvalid, op, key, "lease must be > 0")
 	}
-	if o.Wait < 0 {
+	if o.Wait < 0 && o.WaitSeconds.IsZero() {
 		return "", newError(ErrInvalid, op, key, "wait must be >= 0")
 	}
 	share, ok := o.Share.field()
@@ -229,20 +252,19 @@ func (c *Client) acquire(ctx context.Context, p *pool, op, key, share string, o 
 	if err := ctx.Err(); err != nil {
 		return nil, cancelled(op, key, err)
 	}
+	leaseS, waitS := o.seconds()
+	o.Lease, o.Wait = leaseS.Duration(), waitS.Duration()
 	start := time.Now()
 	var deadline time.Time
 	var hard <-chan time.Time
-	noActiveUntil := start.Add(noActiveFor)
 	if o.Wait > 0 {
 		deadline = start.Add(o.Wait)
-		noActiveUntil = deadline
-		t := time.NewTimer(o.Wait + acquireGrace)
+		t := time.NewTimer(addSat(o.Wait, acquireGrace))
 		defer t.Stop()
 		hard = t.C
 	}
-	leaseField := formatSeconds(o.Lease)
-	waitField := formatSeconds(o.Wait)
-	sends, drops, redirects := 0, 0, 0
+	at := newAttempt(p, o.Wait, deadline)
+	sends := 0
 	queued := false
 	var noConnSince time.Time
 	for {
@@ -253,6 +275,9 @@ func (c *Client) acquire(ctx context.Context, p *pool, op, key, share string, o 
 			return nil, newError(ErrNoConnection, op, key, "client closed")
 		}
 		now := time.Now()
+		if at.noActiveOver(now) {
+			return nil, newError(ErrNoConnection, op, key, "no active node (the cluster answers M *)")
+		}
 		if (sends > 0 || queued) && o.Wait > 0 && !now.Before(deadline) {
 			return nil, newError(ErrTimeout, op, key, "not granted within "+o.Wait.String())
 		}
@@ -292,10 +317,12 @@ func (c *Client) acquire(ctx context.Context, p *pool, op, key, share string, o 
 			continue
 		}
 		noConnSince = time.Time{}
+		// The first send asks for the wait given, exactly; one sent again
+		// (after a drop or a redirect) asks for what is left of it.
 		wf := "0"
 		if o.Wait > 0 {
 			if sends == 0 {
-				wf = waitField
+				wf = waitS.String()
 			} else {
 				left := time.Until(deadline)
 				if left < time.Millisecond {
@@ -304,7 +331,7 @@ func (c *Client) acquire(ctx context.Context, p *pool, op, key, share string, o 
 				wf = formatSeconds(left)
 			}
 		}
-		cl, err := cn.send('A', key, "A "+key+" "+leaseField+" "+wf+share, nil)
+		cl, err := cn.send('A', key, "A "+key+" "+leaseS.String()+" "+wf+share, nil)
 		if err != nil {
 			cn.unreserve('A', key)
 			continue
@@ -321,13 +348,22 @@ func (c *Client) acquire(ctx context.Context, p *pool, op, key, share string, o 
 		}
 		cn.unreserve('A', key)
 		if r.err != nil {
-			drops++
-			if drops >= len(p.slots) {
-				return nil, newError(ErrNoConnection, op, key, "connection dropped "+strconv.Itoa(drops)+" times")
+			if at.dropped(cn) {
+				return nil, newError(ErrNoConnection, op, key, "connection dropped "+strconv.Itoa(at.tries)+" times")
 			}
 			continue
 		}
 		f := r.fields
+		if f[0] == "M" {
+			if at.redirect(cn, f) {
+				// No active node known right now: again shortly.
+				if err := sleepCtx(ctx, noActiveEvery); err != nil {
+					return nil, cancelled(op, key, err)
+				}
+			}
+			continue
+		}
+		at.answered()
 		switch f[0] {
 		case "A":
 			token, err := ParseToken(f[2])
@@ -346,29 +382,98 @@ func (c *Client) acquire(ctx context.Context, p *pool, op, key, share string, o 
 			return nil, newError(ErrTimeout, op, key, "not granted within "+o.Wait.String())
 		case "E":
 			return nil, newError(ErrRejected, op, key, message(f))
-		case "M":
-			target := "*"
-			if len(f) >= 4 {
-				target = f[3]
-			}
-			if target == "*" {
-				if !time.Now().Add(noActiveEvery).Before(noActiveUntil) {
-					return nil, newError(ErrNoConnection, op, key, "no active node (the cluster answers M *)")
-				}
-				if err := sleepCtx(ctx, noActiveEvery); err != nil {
-					return nil, cancelled(op, key, err)
-				}
-				continue
-			}
-			redirects++
-			if redirects > maxRedirects {
-				return nil, newError(ErrNoConnection, op, key, "too many redirects")
-			}
-			p.switchTo(cn, target)
 		default:
 			return nil, newError(ErrRejected, op, key, "unexpected answer "+joinFields(f))
 		}
 	}
+}
+
+// attempt is one request's way to its answer (an acquire, an observe)
+// across dropped connections, redirects and failovers.
+type attempt struct {
+	p        *pool
+	wait     time.Duration // 0: no limit
+	deadline time.Time     // when wait > 0
+	// tries counts the drops of a connection the request was outstanding
+	// on; the request fails once there were as many as connections.
+	tries int
+	// droppedAt: when a counted drop of each address happened. Connections
+	// to one address that drop together (the node died) are one try.
+	droppedAt map[string]time.Time
+	// redirects followed in a row since the last drop or "M *".
+	redirects int
+	// noActiveSince: since when the cluster says it has no active node
+	// ("M ... *", or a redirect to a node that cannot be reached); zero
+	// when it has answered otherwise since.
+	noActiveSince time.Time
+}
+
+func newAttempt(p *pool, wait time.Duration, deadline time.Time) *attempt {
+	return &attempt{p: p, wait: wait, deadline: deadline, droppedAt: map[string]time.Time{}}
+}
+
+// dropped counts the drop of cn, which carried the request; true when the
+// request is out of tries. A connection the client retired itself (to
+// follow a redirect), or one that went down with another connection to
+// the same node that already cost a try, costs none.
+func (a *attempt) dropped(cn *conn) bool {
+	now := time.Now()
+	a.redirects = 0
+	a.noActiveSince = time.Time{}
+	if cn.wasRetired() {
+		return false
+	}
+	if t, ok := a.droppedAt[cn.addr]; ok && cn.opened.Before(t) && now.Sub(t) < sameMoment {
+		return false
+	}
+	a.droppedAt[cn.addr] = now
+	a.tries++
+	return a.tries >= len(a.p.slots)
+}
+
+// stalled counts a connection that left the request unanswered beyond its
+// bound as a try; true when the request is out of tries.
+func (a *attempt) stalled() bool {
+	a.redirects = 0
+	a.tries++
+	return a.tries >= len(a.p.slots)
+}
+
+// redirect follows the M answer f received on cn; true when no active node
+// is known right now (M *, a redirect to a node that just refused a
+// connection, or too many redirects in a row): the request is then sent
+// again shortly, until its wait (10 s when it has none) runs out.
+func (a *attempt) redirect(cn *conn, f []string) (noActive bool) {
+	target := "*"
+	if len(f) >= 4 {
+		target = f[3]
+	}
+	if target != "*" {
+		a.redirects++
+		if a.redirects <= maxRedirects && a.p.switchTo(cn, target) {
+			return false
+		}
+	}
+	a.redirects = 0
+	if a.noActiveSince.IsZero() {
+		a.noActiveSince = time.Now()
+	}
+	return true
+}
+
+// answered: a node answered the request (not with M).
+func (a *attempt) answered() { a.noActiveSince = time.Time{} }
+
+// noActiveOver reports whether the cluster has said it has no active node
+// for as long as the request may wait for one.
+func (a *attempt) noActiveOver(now time.Time) bool {
+	if a.noActiveSince.IsZero() {
+		return false
+	}
+	if a.wait > 0 {
+		return !now.Before(a.deadline)
+	}
+	return now.Sub(a.noActiveSince) >= noActiveFor
 }
 
 // withdraw sends "C key" for the unanswered acquire cl and settles it: a
@@ -516,11 +621,12 @@ func (c *Client) retried(ctx context.Context, p *pool, opName string, op byte, k
 				if len(f) >= 4 {
 					target = f[3]
 				}
-				if target == "*" {
+				if target == "*" || !p.switchTo(r.call.conn, target) {
+					// No active known right now: the next copy goes at
+					// the next tick.
 					problem = "no active node (M *)"
 				} else {
 					problem = "redirected to " + target
-					p.switchTo(r.call.conn, target)
 					resend = true
 				}
 				if stale != nil && len(carrying) == 0 {
@@ -572,19 +678,27 @@ func (c *Client) releaseToken(ctx context.Context, p *pool, key string, token ui
 // elsewhere; see Lock.Renew). Unanswered renewals are retried every 200 ms
 // for 5 s at most.
 func (c *Client) RenewToken(ctx context.Context, key string, token uint64, lease time.Duration) error {
+	if lease <= 0 {
+		return newError(ErrInvalid, "renew", key, "lease must be > 0")
+	}
+	return c.RenewTokenSeconds(ctx, key, token, SecondsOf(lease))
+}
+
+// RenewTokenSeconds is RenewToken with the lease as Seconds (see Seconds).
+func (c *Client) RenewTokenSeconds(ctx context.Context, key string, token uint64, lease Seconds) error {
 	if !validKey(key) {
 		return newError(ErrInvalid, "renew", "", "bad key "+strconv.Quote(key))
 	}
-	if lease <= 0 {
+	if lease.IsZero() {
 		return newError(ErrInvalid, "renew", key, "lease must be > 0")
 	}
 	if c.isClosed() {
 		return newError(ErrNoConnection, "renew", key, "client closed")
 	}
-	line := "N " + key + " " + strconv.FormatUint(token, 10) + " " + formatSeconds(lease)
+	line := "N " + key + " " + strconv.FormatUint(token, 10) + " " + lease.String()
 	giveUp := time.Now().Add(ReleaseRetryFor)
-	if lease < ReleaseRetryFor {
-		giveUp = time.Now().Add(lease)
+	if lease.Duration() < ReleaseRetryFor {
+		giveUp = time.Now().Add(lease.Duration())
 	}
 	f, _, err := c.retried(ctx, c.pool, "renew", 'N', key, line, giveUp, nil)
 	if err != nil {

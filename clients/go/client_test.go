@@ -3,6 +3,7 @@ package lockservice
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -97,6 +98,9 @@ func TestFormatSeconds(t *testing.T) {
 		86400 * time.Second:          "86400",
 		1234567 * time.Microsecond:   "1.234567",
 		1234567891 * time.Nanosecond: "1.234568",
+		math.MaxInt64:                "9223372036.854776",
+		1500 * time.Nanosecond:       "0.000002",
+		1499 * time.Nanosecond:       "0.000001",
 	}
 	for d, want := range cases {
 		if got := formatSeconds(d); got != want {
@@ -786,7 +790,7 @@ func TestObserve(t *testing.T) {
 	if st.Token != tok || st.Holder != "web-1#abc" || st.Value() != "web-1" {
 		t.Fatalf("state %+v", st)
 	}
-	if got := s.Texts("O k"); got[0] != "O k ? 30" || got[1] != "O k 0 30" {
+	if got := s.Texts("O k"); got[0] != "O k ? 0" || got[1] != "O k 0 10" {
 		t.Fatalf("O lines %q", got)
 	}
 	s.Expire("k", tok)

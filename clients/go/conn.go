@@ -88,6 +88,14 @@ func (c *conn) usable() bool {
 	return ok
 }
 
+// wasRetired reports whether the client retired this connection (to follow
+// a redirect) before it closed.
+func (c *conn) wasRetired() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.retiring
+}
+
 // reserve marks key as having an outstanding A (op 'A') or O (op 'O') on
 // this connection; false when one is already outstanding.
 func (c *conn) reserve(op byte, key string) bool {

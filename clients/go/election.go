@@ -66,11 +66,19 @@ func checkValue(value string) bool {
 // acquire is withdrawn). Errors: ErrInvalid (a bad election, value or lease),
 // ErrRejected, ErrNoConnection, ErrCancelled.
 func (c *Client) Campaign(ctx context.Context, election, value string, lease time.Duration) (*Leadership, error) {
+	if lease <= 0 {
+		return nil, newError(ErrInvalid, "campaign", election, "lease must be > 0")
+	}
+	return c.CampaignSeconds(ctx, election, value, SecondsOf(lease))
+}
+
+// CampaignSeconds is Campaign with the lease as Seconds (see Seconds).
+func (c *Client) CampaignSeconds(ctx context.Context, election, value string, lease Seconds) (*Leadership, error) {
 	if !checkValue(value) {
 		return nil, newError(ErrInvalid, "campaign", election, "bad value "+strconv.Quote(value)+
 			": 1-237 bytes of UTF-8, no spaces or control characters")
 	}
-	o := AcquireOptions{Lease: lease, KeepAlive: true}
+	o := AcquireOptions{LeaseSeconds: lease, KeepAlive: true}
 	share, err := checkAcquire("campaign", election, o)
 	if err != nil {
 		return nil, err

@@ -14,7 +14,8 @@ type Lock struct {
 	pool   *pool
 	key    string
 	token  uint64
-	lease  time.Duration
+	lease  time.Duration // guarded by mu
+	leaseS Seconds       // the same as the wire writes it; mu
 	share  Share
 
 	mu         sync.Mutex
@@ -30,8 +31,9 @@ type Lock struct {
 }
 
 func (c *Client) newLock(p *pool, key string, token uint64, o AcquireOptions) *Lock {
-	return &Lock{client: c, pool: p, key: key, token: token, lease: o.Lease, share: o.Share,
-		lost: make(chan struct{})}
+	leaseS, _ := o.seconds()
+	return &Lock{client: c, pool: p, key: key, token: token, lease: leaseS.Duration(), leaseS: leaseS,
+		share: o.Share, lost: make(chan struct{})}
 }
 
 // Key is the lock's key.
@@ -177,10 +179,10 @@ func (l *Lock) scheduleLocked() {
 	}
 	var delay time.Duration
 	if !l.expires.IsZero() {
-		delay = time.Until(l.expires.Add(-l.lease * 2 / 3))
+		delay = time.Until(l.expires.Add(-(l.lease / 3) * 2))
 	}
 	l.renewTimer = time.AfterFunc(delay, func() {
-		l.renew(context.Background(), 0, true)
+		l.renew(context.Background(), Seconds{}, true)
 	})
 }
 
@@ -218,14 +220,21 @@ func (l *Lock) Renew(ctx context.Context, lease time.Duration) error {
 	if lease < 0 {
 		return newError(ErrInvalid, "renew", l.key, "lease must be > 0")
 	}
+	return l.renew(ctx, SecondsOf(lease), false)
+}
+
+// RenewSeconds is Renew with the lease as Seconds (see Seconds); zero is
+// the acquire's lease.
+func (l *Lock) RenewSeconds(ctx context.Context, lease Seconds) error {
 	return l.renew(ctx, lease, false)
 }
 
-func (l *Lock) renew(ctx context.Context, lease time.Duration, auto bool) error {
+func (l *Lock) renew(ctx context.Context, leaseS Seconds, auto bool) error {
 	l.mu.Lock()
-	if lease == 0 {
-		lease = l.lease
+	if leaseS.IsZero() {
+		leaseS = l.leaseS
 	}
+	lease := leaseS.Duration()
 	if l.released {
 		l.mu.Unlock()
 		return newError(ErrStale, "renew", l.key, "released")
@@ -242,7 +251,7 @@ func (l *Lock) renew(ctx context.Context, lease time.Duration, auto bool) error 
 		giveUp = now.Add(ReleaseRetryEvery)
 	}
 	l.mu.Unlock()
-	line := "N " + l.key + " " + l.TokenString() + " " + formatSeconds(lease)
+	line := "N " + l.key + " " + l.TokenString() + " " + leaseS.String()
 	wanted := func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -271,7 +280,7 @@ func (l *Lock) renew(ctx context.Context, lease time.Duration, auto bool) error 
 	}
 	if len(f) >= 3 && f[2] == "OK" {
 		l.renewErr = nil
-		l.lease = lease
+		l.lease, l.leaseS = lease, leaseS
 		l.confirmedLocked(sent, lease)
 		l.scheduleLocked()
 		return nil

@@ -27,9 +27,11 @@ func (s State) Held() bool { return s.Token != 0 }
 // election key it is the leader's value.
 func (s State) Value() string { return nameValue(s.Holder) }
 
-// observeFor is the wait of each O an Observer sends: long enough to cost
-// nothing, short enough to notice a node that stopped answering.
-const observeFor = 30 * time.Second
+// observePiece is the longest wait one O asks for. An O cannot be
+// withdrawn, so a longer observation is asked in pieces, each for what is
+// left of it (at most this): one abandoned frees its place on the node (and
+// the key's O place on its connection) within this long.
+const observePiece = 10 * time.Second
 
 // Holder returns the key's state now ("O key ? 0").
 func (c *Client) Holder(ctx context.Context, key string) (State, error) {
@@ -40,7 +42,9 @@ func (c *Client) Holder(ctx context.Context, key string) (State, error) {
 // wait runs out (0: no limit; ctx still bounds it), and returns the state.
 // When wait runs out with nothing changed it returns the unchanged state and
 // an error of kind ErrTimeout. Other errors: ErrRejected (for example too
-// many observers), ErrNoConnection, ErrInvalid, ErrCancelled.
+// many observers), ErrNoConnection, ErrInvalid, ErrCancelled. It is asked
+// in pieces of at most 10 s ("O key since wait", each for what is left of
+// the wait), so that one given up frees its place on the node within 10 s.
 func (c *Client) WaitChange(ctx context.Context, key string, since uint64, wait time.Duration) (State, error) {
 	if wait < 0 {
 		return State{}, newError(ErrInvalid, "observe", key, "wait must be >= 0")
@@ -48,8 +52,9 @@ func (c *Client) WaitChange(ctx context.Context, key string, since uint64, wait 
 	return c.observeOnce(ctx, "observe", key, strconv.FormatUint(since, 10), wait)
 }
 
-// observeOnce sends "O key since wait" (since may be "?") and returns the
-// answer, following redirects and moving on when a connection drops.
+// observeOnce sends "O key since piece" (since may be "?") until the state
+// is not since or wait (0: no limit) runs out, following redirects and
+// moving on when a connection drops.
 func (c *Client) observeOnce(ctx context.Context, op, key, since string, wait time.Duration) (State, error) {
 	if !validKey(key) {
 		return State{}, newError(ErrInvalid, op, "", "bad key "+strconv.Quote(key))
@@ -59,16 +64,23 @@ func (c *Client) observeOnce(ctx context.Context, op, key, since string, wait ti
 	}
 	p := c.pool
 	start := time.Now()
-	noActiveUntil := start.Add(noActiveFor)
+	var deadline time.Time
 	var hard <-chan time.Time
 	if wait > 0 {
-		noActiveUntil = start.Add(wait)
-		t := time.NewTimer(wait + acquireGrace)
+		deadline = start.Add(wait)
+		t := time.NewTimer(addSat(wait, acquireGrace))
 		defer t.Stop()
 		hard = t.C
 	}
-	line := "O " + key + " " + since + " " + formatSeconds(wait)
-	drops, redirects := 0, 0
+	// The state when wait runs out with nothing changed: since, and the
+	// holder an unchanged answer named.
+	unchanged := State{Key: key}
+	unchanged.Token, _ = ParseToken(since)
+	timedOut := func() (State, error) {
+		return unchanged, newError(ErrTimeout, op, key, "nothing changed within "+wait.String())
+	}
+	at := newAttempt(p, wait, deadline)
+	sends := 0
 	var noConnSince time.Time
 	for {
 		if err := ctx.Err(); err != nil {
@@ -77,15 +89,19 @@ func (c *Client) observeOnce(ctx context.Context, op, key, since string, wait ti
 		if p.isClosed() {
 			return State{}, newError(ErrNoConnection, op, key, "client closed")
 		}
+		now := time.Now()
+		if at.noActiveOver(now) {
+			return State{}, newError(ErrNoConnection, op, key, "no active node (the cluster answers M *)")
+		}
+		if sends > 0 && wait > 0 && !now.Before(deadline) {
+			return timedOut()
+		}
 		changed := p.watch()
 		cn, anyUp := p.pickReserved('O', key)
 		if cn == nil {
-			now := time.Now()
-			if anyUp && wait > 0 && !now.Before(start.Add(wait)) {
+			if anyUp && wait > 0 && !now.Before(deadline) {
 				// Waited our turn the whole wait: nothing was seen to change.
-				st := State{Key: key}
-				st.Token, _ = ParseToken(since)
-				return st, newError(ErrTimeout, op, key, "nothing changed within "+wait.String())
+				return timedOut()
 			}
 			if !anyUp {
 				if noConnSince.IsZero() {
@@ -98,7 +114,7 @@ func (c *Client) observeOnce(ctx context.Context, op, key, since string, wait ti
 				noConnSince = time.Time{}
 			}
 			step := 100 * time.Millisecond
-			if left := time.Until(start.Add(wait)); wait > 0 && anyUp && left > 0 && left < step {
+			if left := time.Until(deadline); wait > 0 && anyUp && left > 0 && left < step {
 				step = left
 			}
 			poll := time.NewTimer(step)
@@ -114,32 +130,74 @@ func (c *Client) observeOnce(ctx context.Context, op, key, since string, wait ti
 			continue
 		}
 		noConnSince = time.Time{}
-		cl, err := cn.send('O', key, line, nil)
+		// This piece's wait: at most observePiece, and what is left of
+		// the wait (the first piece asks for a short wait exactly).
+		piece := observePiece
+		if wait > 0 {
+			left := wait
+			if sends > 0 {
+				left = time.Until(deadline)
+			}
+			if left < piece {
+				piece = left
+			}
+			if piece < time.Microsecond {
+				piece = time.Microsecond
+			}
+		}
+		pieceWait := formatSeconds(piece)
+		if since == "?" {
+			pieceWait = "0" // answered at once
+		}
+		cl, err := cn.send('O', key, "O "+key+" "+since+" "+pieceWait, nil)
 		if err != nil {
 			cn.unreserve('O', key)
 			continue
 		}
+		sends++
+		// A node that does not answer a piece by its wait (and a grace)
+		// is not answering.
+		bound := time.NewTimer(addSat(piece, acquireGrace))
 		var r reply
 		select {
 		case r = <-cl.ch:
 		case <-ctx.Done():
 			// No withdrawal exists for O: the connection keeps the key's O
-			// place until the node answers.
+			// place until the node answers (within the piece's wait).
+			bound.Stop()
 			go func() { <-cl.ch; cn.unreserve('O', key) }()
 			return State{}, cancelled(op, key, ctx.Err())
 		case <-hard:
+			bound.Stop()
 			go func() { <-cl.ch; cn.unreserve('O', key) }()
 			return State{}, newError(ErrNoConnection, op, key, "no answer within the wait (+"+acquireGrace.String()+")")
+		case <-bound.C:
+			go func() { <-cl.ch; cn.unreserve('O', key) }()
+			if at.stalled() {
+				return State{}, newError(ErrNoConnection, op, key, "no answer within "+piece.String()+
+					" (+"+acquireGrace.String()+") on "+strconv.Itoa(at.tries)+" connections")
+			}
+			continue
 		}
+		bound.Stop()
 		cn.unreserve('O', key)
 		if r.err != nil {
-			drops++
-			if drops >= len(p.slots) {
-				return State{}, newError(ErrNoConnection, op, key, "connection dropped "+strconv.Itoa(drops)+" times")
+			if at.dropped(cn) {
+				return State{}, newError(ErrNoConnection, op, key, "connection dropped "+strconv.Itoa(at.tries)+" times")
 			}
 			continue
 		}
 		f := r.fields
+		if f[0] == "M" {
+			if at.redirect(cn, f) {
+				// No active node known right now: again shortly.
+				if err := sleepCtx(ctx, noActiveEvery); err != nil {
+					return State{}, cancelled(op, key, err)
+				}
+			}
+			continue
+		}
+		at.answered()
 		switch f[0] {
 		case "O":
 			if len(f) != 4 {
@@ -153,33 +211,18 @@ func (c *Client) observeOnce(ctx context.Context, op, key, since string, wait ti
 			if f[3] != "-" {
 				st.Holder = f[3]
 			}
-			if since != "?" {
-				if s, err := ParseToken(since); err == nil && s == token {
-					return st, newError(ErrTimeout, op, key, "nothing changed within "+wait.String())
+			if since != "?" && token == unchanged.Token {
+				// This piece ran out with nothing changed: ask again for
+				// what is left, or tell the wait ran out.
+				unchanged = st
+				if wait > 0 && !time.Now().Before(deadline.Add(-time.Microsecond)) {
+					return timedOut()
 				}
+				continue
 			}
 			return st, nil
 		case "E":
 			return State{}, newError(ErrRejected, op, key, message(f))
-		case "M":
-			target := "*"
-			if len(f) >= 4 {
-				target = f[3]
-			}
-			if target == "*" {
-				if !time.Now().Add(noActiveEvery).Before(noActiveUntil) {
-					return State{}, newError(ErrNoConnection, op, key, "no active node (the cluster answers M *)")
-				}
-				if err := sleepCtx(ctx, noActiveEvery); err != nil {
-					return State{}, cancelled(op, key, err)
-				}
-				continue
-			}
-			redirects++
-			if redirects > maxRedirects {
-				return State{}, newError(ErrNoConnection, op, key, "too many redirects")
-			}
-			p.switchTo(cn, target)
 		default:
 			return State{}, newError(ErrRejected, op, key, "unexpected answer "+joinFields(f))
 		}
@@ -208,7 +251,8 @@ func (o *Observer) Err() error {
 }
 
 // Observe watches key: the state now, and each change, by repeated
-// "O key <last token> <wait>". Cancel ctx to stop it.
+// "O key <last token> <wait>" (each O waits 10 s at most, then is asked
+// again). Cancel ctx to stop it.
 func (c *Client) Observe(ctx context.Context, key string) (*Observer, error) {
 	if !validKey(key) {
 		return nil, newError(ErrInvalid, "observe", "", "bad key "+strconv.Quote(key))
@@ -220,11 +264,9 @@ func (c *Client) Observe(ctx context.Context, key string) (*Observer, error) {
 		since := "?"
 		backoff := ReleaseRetryEvery
 		for {
-			st, err := c.observeOnce(ctx, "observe", key, since, observeFor)
+			st, err := c.observeOnce(ctx, "observe", key, since, 0)
 			if err != nil {
 				switch {
-				case errorIs(err, ErrTimeout):
-					continue
 				case errorIs(err, ErrCancelled), errorIs(err, ErrRejected), errorIs(err, ErrInvalid),
 					c.isClosed():
 					o.mu.Lock()

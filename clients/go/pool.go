@@ -14,6 +14,11 @@ const ReconnectInterval = 3 * time.Second
 // readyTimeout bounds a dial and its first answer.
 const readyTimeout = 5 * time.Second
 
+// unreachableFor: a redirect to an address that failed a connection attempt
+// this recently is not followed (the node it names is down: a failover is
+// under way, and the cluster will name its successor shortly).
+const unreachableFor = time.Second
+
 // slot is one persistent connection of a pool, redialled in the background.
 type slot struct {
 	pool *pool
@@ -44,12 +49,15 @@ type pool struct {
 	changed chan struct{} // closed and replaced on any change
 	watched bool          // someone holds changed: close it at the next change
 	done    chan struct{}
+	// failedAt: when a connection attempt to each address last failed
+	// (removed once one succeeds).
+	failedAt map[string]time.Time
 }
 
 func newPool(homes []string, name string, tlsConf *tls.Config,
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)) *pool {
 	p := &pool{name: name, tls: tlsConf, dial: dial,
-		changed: make(chan struct{}), done: make(chan struct{})}
+		changed: make(chan struct{}), done: make(chan struct{}), failedAt: map[string]time.Time{}}
 	list := homes
 	if len(homes) == 1 {
 		list = []string{homes[0], homes[0]}
@@ -200,17 +208,23 @@ func (p *pool) tryAll(since time.Time) (allFailed bool) {
 }
 
 // switchTo follows a redirect: the slot of c reconnects to addr (the old
-// connection is retired, not cut).
-func (p *pool) switchTo(c *conn, addr string) {
+// connection is retired, not cut). It returns false, and changes nothing,
+// when addr failed a connection attempt within unreachableFor: the caller
+// then treats the redirect like "M *" (no active known right now).
+func (p *pool) switchTo(c *conn, addr string) bool {
 	p.mu.Lock()
+	if t, ok := p.failedAt[addr]; ok && time.Since(t) < unreachableFor {
+		p.mu.Unlock()
+		return false
+	}
 	s := c.slot
 	if s.conn != c {
 		p.mu.Unlock()
-		return
+		return true // the slot has moved on already
 	}
 	if s.addr == addr && c.addr == addr {
 		p.mu.Unlock()
-		return
+		return true
 	}
 	s.addr = addr
 	s.conn = nil
@@ -221,6 +235,7 @@ func (p *pool) switchTo(c *conn, addr string) {
 	default:
 	}
 	p.turn()
+	return true
 }
 
 func (s *slot) loop() {
@@ -260,7 +275,11 @@ func (s *slot) loop() {
 		if err != nil {
 			s.lastErr = err
 			s.failedAt = time.Now()
-			s.addr = s.home // a redirect target that cannot be reached: go home
+			p.failedAt[addr] = s.failedAt
+			// A redirect target that cannot be reached: go home, at once
+			// (home is another node, which names the active anew).
+			away := addr != s.home
+			s.addr = s.home
 			closed := p.closed
 			p.mu.Unlock()
 			p.turn()
@@ -268,6 +287,9 @@ func (s *slot) loop() {
 				return
 			}
 			wait = time.Until(s.attemptedAt.Add(ReconnectInterval))
+			if away {
+				wait = 0
+			}
 			continue
 		}
 		if p.closed {
@@ -285,6 +307,7 @@ func (s *slot) loop() {
 		s.conn = c
 		s.lastErr = nil
 		s.failedAt = time.Time{}
+		delete(p.failedAt, addr)
 		p.mu.Unlock()
 		p.turn()
 	serving:

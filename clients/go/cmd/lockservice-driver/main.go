@@ -17,7 +17,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"os"
 	"strconv"
@@ -96,10 +95,16 @@ func main() {
 	if err != nil {
 		usage(err.Error())
 	}
-	d := &driver{client: client, out: os.Stdout, pending: map[string]*task{},
-		held: map[heldKey]*held{}, leaders: map[string]*held{}}
+	d := newDriver(client, os.Stdout)
 	d.run(os.Stdin)
 	os.Exit(0)
+}
+
+func newDriver(client *lockservice.Client, out io.Writer) *driver {
+	d := &driver{client: client, out: out, pending: map[string]*task{},
+		held: map[heldKey]*held{}, leaders: map[string]*held{}}
+	d.stop, d.stopNow = context.WithCancel(context.Background())
+	return d
 }
 
 type heldKey struct {
@@ -146,6 +151,12 @@ type driver struct {
 	leaders map[string]*held
 	closing bool
 	wg      sync.WaitGroup
+
+	// stop ends at the close's deadline: what still runs then (a release
+	// of a grant that crossed a cancel) gives up.
+	stop     context.Context
+	stopNow  context.CancelFunc
+	stopOnce sync.Once
 }
 
 // field is one key/value of an output line, kept in order.
@@ -269,58 +280,51 @@ func (c command) key(k string) (string, *cmdError) {
 	return s, nil
 }
 
-func (c command) number(k string) (float64, *cmdError) {
+// seconds reads field k, a JSON number of seconds, exactly (the wire gets
+// it to the microsecond whatever its size: a value beyond the node's
+// maxima is the node's to refuse).
+func (c command) seconds(k string) (lockservice.Seconds, *cmdError) {
 	v, ok := c[k]
 	if !ok || string(v) == "null" {
-		return 0, badCommand("missing field " + strconv.Quote(k))
+		return lockservice.Seconds{}, badCommand("missing field " + strconv.Quote(k))
 	}
-	var n json.Number
-	dec := json.NewDecoder(bytes.NewReader(v))
-	dec.UseNumber()
-	if err := dec.Decode(&n); err != nil {
-		return 0, badCommand("field " + strconv.Quote(k) + " must be a number")
+	if !isNumber(v) {
+		return lockservice.Seconds{}, badCommand("field " + strconv.Quote(k) + " must be a number")
 	}
-	f, err := strconv.ParseFloat(n.String(), 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) {
-		return 0, badCommand("field " + strconv.Quote(k) + " must be a number")
+	s, err := lockservice.ParseSeconds(string(v))
+	if err != nil {
+		return lockservice.Seconds{}, invalid(k + " must be a finite number of seconds >= 0: " + string(v))
 	}
-	return f, nil
+	return s, nil
 }
 
-// seconds converts JSON seconds to a duration (the wire gets it to the
-// microsecond; a positive value at least 0.000001).
-func seconds(f float64) time.Duration {
-	ns := f * 1e9
-	if ns >= math.MaxInt64 {
-		return time.Duration(math.MaxInt64)
-	}
-	d := time.Duration(math.Round(ns))
-	if f > 0 && d <= 0 {
-		d = 1
-	}
-	return d
+// isNumber: raw is a JSON number (not a string holding one).
+func isNumber(raw json.RawMessage) bool {
+	return len(raw) > 0 && (raw[0] == '-' || (raw[0] >= '0' && raw[0] <= '9'))
 }
 
-func (c command) lease(k string) (time.Duration, *cmdError) {
-	f, e := c.number(k)
+// isIntOrString: raw is a JSON string or a JSON integer (a number with no
+// fraction or exponent), what an id or a cancel's target may be.
+func isIntOrString(raw json.RawMessage) bool {
+	if len(raw) > 0 && raw[0] == '"' {
+		return true
+	}
+	return isNumber(raw) && !bytes.ContainsAny(raw, ".eE")
+}
+
+func (c command) lease(k string) (lockservice.Seconds, *cmdError) {
+	s, e := c.seconds(k)
 	if e != nil {
-		return 0, e
+		return s, e
 	}
-	if !(f > 0) || math.IsInf(f, 0) {
-		return 0, invalid(k + " must be > 0 seconds")
+	if s.IsZero() {
+		return s, invalid(k + " must be > 0 seconds")
 	}
-	return seconds(f), nil
+	return s, nil
 }
 
-func (c command) wait() (time.Duration, *cmdError) {
-	f, e := c.number("wait")
-	if e != nil {
-		return 0, e
-	}
-	if !(f >= 0) || math.IsInf(f, 0) {
-		return 0, invalid("wait must be >= 0 seconds")
-	}
-	return seconds(f), nil
+func (c command) wait() (lockservice.Seconds, *cmdError) {
+	return c.seconds("wait")
 }
 
 func (c command) token(k string) (uint64, *cmdError) {
@@ -409,7 +413,7 @@ func (d *driver) handle(line []byte) bool {
 		return false
 	}
 	id := c["id"]
-	if len(id) == 0 || (id[0] != '"' && id[0] != '-' && (id[0] < '0' || id[0] > '9')) {
+	if !isIntOrString(id) {
 		d.write(failure(nil, "bad_command", "missing or bad id (an integer or a string)"))
 		return false
 	}
@@ -426,6 +430,10 @@ func (d *driver) handle(line []byte) bool {
 		target, ok := c["target"]
 		if !ok || string(target) == "null" {
 			d.write(failure(id, "bad_command", "missing field \"target\""))
+			return false
+		}
+		if !isIntOrString(target) {
+			d.write(failure(id, "bad_command", "field \"target\" must be an integer or a string"))
 			return false
 		}
 		d.wg.Add(1)
@@ -513,7 +521,7 @@ func (d *driver) prepare(op string, c command) (runner, *cmdError) {
 				return nil, x
 			}
 		}
-		o := lockservice.AcquireOptions{Lease: lease, Wait: wait, Share: share, KeepAlive: keep}
+		o := lockservice.AcquireOptions{LeaseSeconds: lease, WaitSeconds: wait, Share: share, KeepAlive: keep}
 		return func(ctx context.Context, t *task, settle settleFunc) {
 			l, err := d.client.Acquire(ctx, key, o)
 			if err != nil {
@@ -530,7 +538,7 @@ func (d *driver) prepare(op string, c command) (runner, *cmdError) {
 			settle([]field{{"ok", true}, {"token", l.TokenString()}}, nil)
 			if late {
 				// The grant came first; the cancel then releases it.
-				rctx, cancel := context.WithTimeout(context.Background(), lockservice.ReleaseRetryFor+time.Second)
+				rctx, cancel := context.WithTimeout(d.stop, lockservice.ReleaseRetryFor+time.Second)
 				l.Release(rctx)
 				cancel()
 				return
@@ -548,7 +556,7 @@ func (d *driver) prepare(op string, c command) (runner, *cmdError) {
 		if e2 != nil && e2.code == "bad_command" {
 			return nil, e2
 		}
-		var lease time.Duration
+		var lease lockservice.Seconds
 		var e3 *cmdError
 		if op == "renew" {
 			lease, e3 = c.lease("lease")
@@ -590,9 +598,9 @@ func (d *driver) prepare(op string, c command) (runner, *cmdError) {
 			d.mu.Unlock()
 			var err error
 			if h != nil && h.lock != nil {
-				err = h.lock.Renew(ctx, lease)
+				err = h.lock.RenewSeconds(ctx, lease)
 			} else {
-				err = d.client.RenewToken(ctx, key, token, lease)
+				err = d.client.RenewTokenSeconds(ctx, key, token, lease)
 			}
 			if err != nil {
 				settle(fail(err), nil)
@@ -636,7 +644,7 @@ func (d *driver) prepare(op string, c command) (runner, *cmdError) {
 				st, err = d.client.Holder(ctx, key)
 			} else {
 				tok, _ := lockservice.ParseToken(since)
-				st, err = d.client.WaitChange(ctx, key, tok, wait)
+				st, err = d.client.WaitChange(ctx, key, tok, wait.Duration())
 			}
 			var holder any
 			if st.Holder != "" {
@@ -671,7 +679,7 @@ func (d *driver) prepare(op string, c command) (runner, *cmdError) {
 			}
 		}
 		return func(ctx context.Context, t *task, settle settleFunc) {
-			lead, err := d.client.Campaign(ctx, election, value, lease)
+			lead, err := d.client.CampaignSeconds(ctx, election, value, lease)
 			if err != nil {
 				settle(fail(err), nil)
 				return
@@ -685,7 +693,7 @@ func (d *driver) prepare(op string, c command) (runner, *cmdError) {
 			d.mu.Unlock()
 			settle([]field{{"ok", true}, {"token", lead.TokenString()}}, nil)
 			if late {
-				rctx, cancel := context.WithTimeout(context.Background(), lockservice.ReleaseRetryFor+time.Second)
+				rctx, cancel := context.WithTimeout(d.stop, lockservice.ReleaseRetryFor+time.Second)
 				lead.Resign(rctx)
 				cancel()
 				return
@@ -776,9 +784,15 @@ func (d *driver) cancel(id, target json.RawMessage) {
 	d.write([]field{{"id", id}, {"ok", true}})
 }
 
-// shutdown ends every pending command (cancelled), releases what is held
-// (best effort, within 5 s), writes close's answer when id is set.
+// shutdown ends every pending command (cancelled) and releases what is held
+// (best effort), all at once and within one deadline of 5 s, then writes
+// close's answer when id is set.
 func (d *driver) shutdown(id json.RawMessage) {
+	deadline := time.Now().Add(lockservice.ReleaseRetryFor)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	stopAt := time.AfterFunc(lockservice.ReleaseRetryFor, d.stopNow)
+	defer stopAt.Stop()
 	d.mu.Lock()
 	d.closing = true
 	tasks := make([]*task, 0, len(d.pending))
@@ -786,14 +800,6 @@ func (d *driver) shutdown(id json.RawMessage) {
 		t.cancelled = true
 		tasks = append(tasks, t)
 	}
-	d.mu.Unlock()
-	for _, t := range tasks {
-		t.cancel()
-	}
-	for _, t := range tasks {
-		<-t.done
-	}
-	d.mu.Lock()
 	var hs []*held
 	for _, h := range d.held {
 		hs = append(hs, h)
@@ -804,7 +810,7 @@ func (d *driver) shutdown(id json.RawMessage) {
 	d.held = map[heldKey]*held{}
 	d.leaders = map[string]*held{}
 	d.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), lockservice.ReleaseRetryFor)
+	// The releases' windows run while the pending commands are withdrawn.
 	var wg sync.WaitGroup
 	for _, h := range hs {
 		wg.Add(1)
@@ -813,8 +819,17 @@ func (d *driver) shutdown(id json.RawMessage) {
 			h.release(ctx)
 		}(h)
 	}
+	for _, t := range tasks {
+		t.cancel()
+	}
+	for _, t := range tasks {
+		select {
+		case <-t.done:
+		case <-ctx.Done():
+		}
+	}
 	wg.Wait()
-	cancel()
+	d.stopNow()
 	d.client.Close()
 	if id != nil {
 		d.write([]field{{"id", id}, {"ok", true}})

@@ -256,6 +256,15 @@ func TestInvalidAndBadCommands(t *testing.T) {
 		{`{"id":15,"op":"acquire","key":"` + strings.Repeat("x", 251) + `","lease":1,"wait":1}`, 15, "invalid"},
 		{`{"id":16,"op":"cancel","target":999}`, 16, "unknown_target"},
 		{`{"id":"s","op":"cancel","target":"nope"}`, "s", "unknown_target"},
+		// A field of the wrong type is a bad command.
+		{`{"id":17,"op":"cancel","target":true}`, 17, "bad_command"},
+		{`{"id":18,"op":"cancel","target":1.5}`, 18, "bad_command"},
+		{`{"id":19,"op":"cancel","target":[1]}`, 19, "bad_command"},
+		{`{"id":20,"op":"cancel","target":{"id":1}}`, 20, "bad_command"},
+		{`{"id":21,"op":"acquire","key":"k","lease":"30","wait":5}`, 21, "bad_command"},
+		{`{"id":22,"op":"acquire","key":"k","lease":30,"wait":"5"}`, 22, "bad_command"},
+		{`{"id":23,"op":"acquire","key":"k","lease":1e400,"wait":5}`, 23, "invalid"},
+		{`{"id":24,"op":"renew","key":"k","token":"1","lease":-1e21}`, 24, "invalid"},
 	}
 	for _, c := range cases {
 		p.send(c.line)
@@ -267,6 +276,14 @@ func TestInvalidAndBadCommands(t *testing.T) {
 	p.send(`{nope`)
 	if r := p.next(); r["id"] != nil || r["error"] != "bad_command" {
 		t.Fatalf("bad JSON: %v", r)
+	}
+	// An id is an integer or a string.
+	for _, line := range []string{`{"id":1.5,"op":"leader","election":"e"}`, `{"id":true,"op":"leader","election":"e"}`,
+		`{"id":null,"op":"leader","election":"e"}`, `{"op":"leader","election":"e"}`} {
+		p.send(line)
+		if r := p.next(); r["id"] != nil || r["error"] != "bad_command" {
+			t.Fatalf("%s: %v", line, r)
+		}
 	}
 	if n := len(s.Texts("A ")); n != 0 {
 		t.Fatalf("refused commands were sent: %q", s.Texts("A "))
@@ -428,6 +445,85 @@ func TestCloseCancelsAndReleases(t *testing.T) {
 		if rs := s.Texts("R mine "); len(rs) != 1 || rs[0] != "R mine "+tok {
 			t.Fatalf("held lock not released: %q", s.Texts(""))
 		}
+	}
+}
+
+// Seconds beyond a Duration go on the wire as given; the node's E answer
+// is the result.
+func TestHugeSecondsReachTheNode(t *testing.T) {
+	s := startFake(t)
+	s.SetHook(func(cn *fakeserver.Conn, line string) bool {
+		f := strings.Split(line, " ")
+		if (f[0] == "A" || f[0] == "N") && len(f) >= 4 && (len(f[2]) > 8 || len(f[3]) > 8) {
+			cn.Write("E " + f[0] + " " + f[1] + " beyond the maximum")
+			return true
+		}
+		return false
+	})
+	p := startDriver(t, "--addrs", s.Addr)
+	p.send(`{"id":1,"op":"acquire","key":"a","lease":1e21,"wait":1}`)
+	p.send(`{"id":2,"op":"acquire","key":"b","lease":30,"wait":1e21}`)
+	p.send(`{"id":3,"op":"acquire","key":"c","lease":10000000000.25,"wait":2.5e-7}`)
+	p.send(`{"id":4,"op":"campaign","election":"e","value":"v","lease":1E+21}`)
+	start := time.Now()
+	for i := 0; i < 4; i++ {
+		if r := p.next(); r["error"] != "rejected" {
+			t.Fatalf("%v", r)
+		}
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("rejected after %v", took)
+	}
+	want := map[string]string{
+		"A a ": "A a 1000000000000000000000 1",
+		"A b ": "A b 30 1000000000000000000000",
+		"A c ": "A c 10000000000.25 0.000001",
+		"A e ": "A e 1000000000000000000000 0",
+	}
+	for prefix, line := range want {
+		if got := s.Texts(prefix); len(got) != 1 || got[0] != line {
+			t.Errorf("%q lines %q, want %q", prefix, got, line)
+		}
+	}
+	p.send(`{"id":5,"op":"acquire","key":"k","lease":30,"wait":1}`)
+	r, _ := p.result(5)
+	p.send(`{"id":6,"op":"renew","key":"k","token":"` + r["token"].(string) + `","lease":1e21}`)
+	if r, _ := p.result(6); r["error"] != "rejected" {
+		t.Fatalf("renew: %v", r)
+	}
+	if got := s.Texts("N k "); len(got) != 1 || !strings.HasSuffix(got[0], " 1000000000000000000000") {
+		t.Fatalf("N lines %q", got)
+	}
+}
+
+// close on a node that stopped answering: the withdrawal of a pending
+// acquire and the release of a held lock run at once, within one 5 s
+// deadline.
+func TestCloseOnAStalledNodeWithinFiveSeconds(t *testing.T) {
+	s := startFake(t)
+	s.Grant("busy", "other#1", 60)
+	p := startDriver(t, "--addrs", s.Addr)
+	p.send(`{"id":1,"op":"acquire","key":"mine","lease":60,"wait":5}`)
+	if r, _ := p.result(1); r["ok"] != true {
+		t.Fatalf("acquire: %v", r)
+	}
+	p.send(`{"id":2,"op":"acquire","key":"busy","lease":30,"wait":0}`)
+	if _, ok := s.WaitLine(bound, "A busy"); !ok {
+		t.Fatal("no A busy")
+	}
+	s.SetStall(true)
+	start := time.Now()
+	p.send(`{"id":3,"op":"close"}`)
+	r, skipped := p.result(3)
+	took := time.Since(start)
+	if r["ok"] != true || took > 5500*time.Millisecond || took < 4*time.Second {
+		t.Fatalf("close: %v after %v", r, took)
+	}
+	if len(skipped) != 1 || !sameID(skipped[0]["id"], 2) || skipped[0]["error"] != "cancelled" {
+		t.Fatalf("before the close's answer: %v", skipped)
+	}
+	if len(s.Texts("C busy")) != 1 || len(s.Texts("R mine ")) == 0 {
+		t.Fatalf("lines %q", s.Texts(""))
 	}
 }
 
