@@ -1,5 +1,6 @@
 # -*- test-case-name: tests.test_cli -*-
-"""The C{lockservice} command.
+"""
+The C{lockservice} command.
 
     lockservice status [URL]
     lockservice acquire KEY [--lease S] [--wait S] [--read | --slots N] [connection options]
@@ -7,6 +8,9 @@
     lockservice release --force KEY --reason TEXT [--http URL] --admin-secret FILE
     lockservice run KEY [--lease S] [--wait S] [--read | --slots N] [--grace S]
                     [connection options] -- CMD ARGS...
+    lockservice watch KEY [--json] [connection options]
+    lockservice elect ELECTION VALUE [--lease S] [--wait S] [--grace S]
+                      [connection options] -- CMD ARGS...
     lockservice shell [HOST:PORT] [--tls-ca FILE ...]
     lockservice events [KEY] [--follow] [--http URL]
     lockservice bench ...            (see python -m lockservice.bench --help)
@@ -31,6 +35,7 @@ import signal
 import sys
 from typing import Any, Dict, List, Optional
 
+from lockservice.cli.coordination import electCommand, watchCommand
 from lockservice.cli.errors import EX_OK, EX_USAGE, CommandError, fail
 from lockservice.cli.httpcommands import (
     eventsCommand,
@@ -72,7 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser().print_help()
         return EX_USAGE
     command: List[str] = []
-    if "--" in argv and "run" in argv[:argv.index("--")]:
+    if "--" in argv and {"run", "elect"} & set(argv[:argv.index("--")]):
         # Everything after "--" belongs to CMD, options included.
         split = argv.index("--")
         argv, command = argv[:split], argv[split + 1:]
@@ -114,17 +119,26 @@ def _dispatch(args: argparse.Namespace, command: List[str]) -> int:
         if args.token is None:
             raise CommandError("release needs KEY TOKEN (or --force KEY --reason TEXT)",
                                EX_USAGE)
-    if name == "run":
+    if name in ("run", "elect"):
         args.command = args.command + command
         if not args.command:
-            raise CommandError("run needs a command after --", EX_USAGE)
+            raise CommandError(f"{name} needs a command after --", EX_USAGE)
+    if name == "elect":
+        from lockservice.client.arguments import INSTANCE_HEX
+        from lockservice.client.election import campaignName
+
+        try:
+            campaignName(args.value, "0" * INSTANCE_HEX)
+        except ValueError as e:
+            raise CommandError(str(e), EX_USAGE) from None
     if name == "shell" and args.target:
         args.addr = args.target
     # Validate what can be validated before starting a reactor.
     clustersOf(args)
     clientTLS(args)
     return _react({"acquire": acquireCommand, "release": releaseCommand,
-                   "run": runCommand, "shell": shellCommand}[name], args)
+                   "run": runCommand, "shell": shellCommand, "watch": watchCommand,
+                   "elect": electCommand}[name], args)
 
 
 def _installReactor(name: Optional[str]) -> None:

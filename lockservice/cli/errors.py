@@ -41,8 +41,8 @@ EXIT_STATUSES = {
                    "send it to the active's HTTP endpoint",
     EX_UNAVAILABLE: "no node (or HTTP endpoint) reachable, or it does not speak what "
                     "was expected (the lock port given for --http, or the reverse)",
-    EX_LOST: "run: the lock was lost while CMD ran; CMD was stopped",
-    EX_TEMPFAIL: "the wait ran out without a grant (acquire, run)",
+    EX_LOST: "run, elect: the lock (the leadership) was lost while CMD ran; CMD was stopped",
+    EX_TEMPFAIL: "the wait ran out without a grant (acquire, run, elect)",
     126: "run: CMD was found but could not be run",
     127: "run: CMD was not found",
     EX_NOPERM: "release --force refused: wrong admin secret, or none configured",

@@ -153,13 +153,29 @@ async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
     C{--grace} seconds, one line says why, and the exit status is
     L{EX_LOST}.  Either way nothing left in CMD's group outlives C{run}.
     """
-    command: List[str] = args.command
     client = await connected(reactor, args)
+    try:
+        lock = await acquire(client, args.key, args.lease, args.wait, keepAlive=True,
+                             share=args.share)
+        env = dict(os.environ, LOCKSERVICE_KEY=args.key, LOCKSERVICE_TOKEN=str(lock.token))
+        return await runWhileHeld(reactor, args.command, env, lock.lost, lock.release,
+                                  args.grace, "the lock")
+    finally:
+        await client.close()
+
+
+async def runWhileHeld(reactor: Any, command: List[str], env: Dict[str, str], lost: Any,
+                       release: Any, grace: float, what: str) -> int:
+    """
+    Run C{command} in a process group of its own while something is held
+    (a lock, a leadership): Ctrl+C and SIGTERM are passed on to the group;
+    when C{lost} fires, the group gets SIGTERM, then SIGKILL after
+    C{grace} seconds, and the status is L{EX_LOST}; when the command ends,
+    C{release()} gives it back and the command's status is returned.
+    """
     group: Optional[CommandGroup] = None
     previous: Dict[int, Any] = {}
     try:
-        lock = await acquire(client, args.key, args.lease, args.wait, keepAlive=True,
-                              share=args.share)
         state: Dict[str, Any] = {"lost": None, "pending": None}
 
         def passOn(signum: int, frame: Any) -> None:
@@ -172,48 +188,46 @@ async def runCommand(reactor: Any, args: argparse.Namespace) -> int:
         # defaults even where run inherited them ignored (exec resets
         # handled signals, not ignored ones).
         previous = {s: signal.signal(s, passOn) for s in (signal.SIGINT, signal.SIGTERM)}
-        env = dict(os.environ, LOCKSERVICE_KEY=args.key, LOCKSERVICE_TOKEN=str(lock.token))
         try:
             group = CommandGroup(reactor, command, env)
         except OSError as e:
-            await client.release(lock)
+            await release()
             # The shell's statuses: 127 not found, 126 found but not runnable.
             raise CommandError(f"cannot run {command[0]}: {e.strerror or e}",
                                127 if isinstance(e, FileNotFoundError) else 126) from None
         if state["pending"] is not None:
             group.signal(state["pending"])
 
-        def lost(why: Any) -> None:
+        def gone(why: Any) -> None:
             if group is None or group.ended.called:
                 return
             state["lost"] = why
             print(f"lockservice: {why}; stopping {command[0]} and its process group "
-                  f"(SIGTERM, SIGKILL after {args.grace:g} s)", file=sys.stderr, flush=True)
-            group.stop(args.grace)
+                  f"(SIGTERM, SIGKILL after {grace:g} s)", file=sys.stderr, flush=True)
+            group.stop(grace)
 
-        lock.lost.addCallback(lost)
+        lost.addCallback(gone)
         status = await group.ended
         if state["lost"] is None and group.alive():
             # CMD is done but left processes in its group: they must not
             # go on working once the key is released.
             print(f"lockservice: {command[0]} ended (status {status}) but left processes in its "
-                  f"group; stopping them (SIGTERM, SIGKILL after {args.grace:g} s)",
+                  f"group; stopping them (SIGTERM, SIGKILL after {grace:g} s)",
                   file=sys.stderr, flush=True)
-        await group.stop(args.grace)
+        await group.stop(grace)
         if state["lost"] is not None:
             return EX_LOST
         try:
-            await client.release(lock)
+            await release()
         except Exception as e:  # the lease reclaims it anyway
-            print(f"lockservice: release failed ({e}); the lease will free the key",
+            print(f"lockservice: giving back {what} failed ({e}); its lease will end it",
                   file=sys.stderr)
-        return status
+        return int(status)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         if group is not None:
             group.abandon()
-        await client.close()
 
 
 async def shellCommand(reactor: Any, args: argparse.Namespace) -> int:

@@ -159,6 +159,37 @@ def parser() -> argparse.ArgumentParser:
                          f"(default {DEFAULT_GRACE:g})")
     rn.add_argument("command", nargs="*", help="-- CMD ARGS... (after a literal --)")
 
+    wt = sub.add_parser(
+        "watch", help="print who holds KEY now, then each change (Ctrl+C ends)",
+        description="Print KEY's state now (its newest live grant's token and holder name, "
+                    "or free), then one line at each change: grant, release, expiry, "
+                    "hand-over, force-release.  Follows failovers.  Ctrl+C exits 0.")
+    wt.add_argument("key", type=keyArgument)
+    wt.add_argument("--json", action="store_true",
+                    help="one JSON object per line: time, key, token (0: free), holder")
+    connection(wt)
+
+    el = sub.add_parser(
+        "elect", help="run a command while this process leads ELECTION",
+        description="Campaign in ELECTION with VALUE; once this process leads, run CMD with "
+                    "LOCKSERVICE_ELECTION, LOCKSERVICE_VALUE and LOCKSERVICE_TOKEN (the "
+                    "leadership's fencing token) set, and resign when CMD ends, exiting with "
+                    "CMD's status.  If the leadership is lost, CMD gets SIGTERM (SIGKILL "
+                    f"after --grace) and the exit status is {EX_LOST}.")
+    el.add_argument("election", type=keyArgument)
+    el.add_argument("value", help="what this candidate is (its name, address...): shown "
+                                  "to everyone as the leader's value")
+    el.add_argument("--lease", type=positiveSeconds, default=10.0,
+                    help="the leadership's lease in seconds, renewed every third "
+                         "(default 10)")
+    el.add_argument("--wait", type=seconds, default=0,
+                    help="seconds to wait for the leadership (default 0: no limit)")
+    el.add_argument("--grace", type=seconds, default=DEFAULT_GRACE,
+                    help=f"seconds between SIGTERM and SIGKILL when the leadership is lost "
+                         f"(default {DEFAULT_GRACE:g})")
+    el.add_argument("command", nargs="*", help="-- CMD ARGS... (after a literal --)")
+    connection(el)
+
     sh = sub.add_parser("shell", help="type requests to a node and see its answers",
                         description="An interactive line session with one node (plain TCP "
                                     "or TLS): type A/R/N/P/I requests, see the answers.")
