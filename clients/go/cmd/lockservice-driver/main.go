@@ -669,7 +669,13 @@ func (d *driver) prepare(op string, c command) (runner, *cmdError) {
 		if e2 != nil {
 			return nil, e2
 		}
-		lease, e3 := c.lease("lease")
+		// The lease may be left out: a leadership's lease is 10 s by
+		// default in every official client.
+		lease := lockservice.SecondsOf(10 * time.Second)
+		var e3 *cmdError
+		if raw, given := c["lease"]; given && string(raw) != "null" {
+			lease, e3 = c.lease("lease")
+		}
 		if e3 != nil && e3.code == "bad_command" {
 			return nil, e3
 		}
