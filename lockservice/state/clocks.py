@@ -7,7 +7,7 @@ tokens it has issued.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from twisted.application.service import Service
 from twisted.internet.interfaces import IReactorTime
@@ -15,9 +15,6 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from lockservice.core.table import TokenIssuer
-
-if TYPE_CHECKING:
-    pass
 from lockservice.state.tokens import DurableTokens
 
 BootClock = Callable[[], Optional[Tuple[str, int]]]

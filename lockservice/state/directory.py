@@ -7,10 +7,8 @@ durably, and a lock so that two nodes never share one directory.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:
-    pass
 from lockservice.state.fileformat import State, StateError, decode, encode
 
 FILENAME = "state"

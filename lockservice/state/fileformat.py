@@ -40,14 +40,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from lockservice.core.table import MAX_TOKEN
 from lockservice.core.wire import parseShare
-
-if TYPE_CHECKING:
-    pass
-
 
 FORMAT = b"lockservice-state 2"
 
