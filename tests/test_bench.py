@@ -113,3 +113,10 @@ def test_sharded_run_sends_each_key_to_the_cluster_that_owns_it(spawn) -> None: 
     ids = [n.address.encode() for n in nodes]
     for mine in (0, 1):
         assert choose(ids, bench.keyOn(b"k0-0-0", (ids, mine))) == mine
+
+
+def test_clients_side_by_side_prints_one_row_per_client() -> None:
+    result = bench.compare([2], duration=0.3, rounds=1, clients=["python"])
+    row = result["table"]["C=2"]["python"]
+    assert row["pairs_per_s"] > 0 and row["errors"] == 0 and row["vs_python"] == 1.0
+    assert "| 2 | python |" in bench.formatComparison(result)

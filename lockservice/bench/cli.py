@@ -8,6 +8,7 @@ import argparse
 import json
 from typing import List, Optional
 
+from lockservice.bench.clients import compare, formatComparison, pythonBench
 from lockservice.bench.counting import instructions
 from lockservice.bench.echo import echoServer
 from lockservice.bench.load import SCENARIOS, run
@@ -63,7 +64,27 @@ def main(argv: Optional[List[str]] = None) -> int:
                        help="the monitor's share, in instructions per pair (valgrind)")
     i.add_argument("--pairs", type=int, default=20_000)
     i.add_argument("-c", "--connections", type=int, default=64)
+    cl = sub.add_parser("clients", help="the Python, Go and TypeScript clients side by side "
+                                         "against one lone node")
+    cl.add_argument("--concurrency", default="1,16", help="lockers, each on its own key")
+    cl.add_argument("--duration", type=float, default=3.0)
+    cl.add_argument("--rounds", type=int, default=3)
+    cl.add_argument("--clients", default="python,go,js")
+    cl.add_argument("--json", action="store_true")
+    cp = sub.add_parser("client-python", help="the Python asyncio client's own bench "
+                                              "(one JSON line)")
+    cp.add_argument("--addr", required=True)
+    cp.add_argument("--concurrency", type=int, default=1)
+    cp.add_argument("--duration", type=float, default=3.0)
     args = p.parse_args(argv)
+    if args.cmd == "clients":
+        found = compare([int(c) for c in args.concurrency.split(",")], args.duration,
+                        args.rounds, args.clients.split(","))
+        print(json.dumps(found, indent=2) if args.json else formatComparison(found))
+        return 0
+    if args.cmd == "client-python":
+        print(json.dumps(pythonBench(args.addr, args.concurrency, args.duration)))
+        return 0
     if args.cmd == "observers":
         print(json.dumps(observers(args.count, args.rounds), indent=2))
         return 0

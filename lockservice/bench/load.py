@@ -321,10 +321,10 @@ def run(addr: str, scenario: str, conns: int, depth: int = 1, duration: float = 
         w.start()
     time.sleep(warmup)
     cpuBefore = cpuSeconds(serverPid) if serverPid else None
-    othersBefore = sum(cpuSeconds(p) for p in otherPids)
+    othersBefore = [cpuSeconds(p) for p in otherPids]
     time.sleep(duration)
     cpuAfter = cpuSeconds(serverPid) if serverPid else None
-    othersAfter = sum(cpuSeconds(p) for p in otherPids)
+    othersAfter = [cpuSeconds(p) for p in otherPids]
     collected = [results.get(timeout=duration + 60) for _ in workers]
     for w in workers:
         w.join(30)
@@ -352,7 +352,9 @@ def run(addr: str, scenario: str, conns: int, depth: int = 1, duration: float = 
         if pairs:
             out["server_cpu_us_per_pair"] = round((cpuAfter - cpuBefore) / pairs * 1e6, 1)
     if otherPids and pairs:
-        out["standbys_cpu_us_per_pair"] = round((othersAfter - othersBefore) / pairs * 1e6, 1)
+        spent = [after - before for before, after in zip(othersBefore, othersAfter, strict=True)]
+        out["standbys_cpu_us_per_pair"] = round(sum(spent) / pairs * 1e6, 1)
+        out["each_standby_cpu_us_per_pair"] = [round(s / pairs * 1e6, 1) for s in spent]
     return out
 
 
