@@ -116,6 +116,7 @@ class Timers(Generic[W]):
         """
         self.leases.clear()
         for key, token, _, expiresAt, share, _, delayed in self.table.everyGrant():
+            assert expiresAt is not None  # (None marks a drop, never a grant)
             self.leases.file(key, token, expiresAt, share != EXCLUSIVE or delayed)
         self.alarm.rearm()
 
