@@ -7,7 +7,7 @@ L{Series}).
 
 The L{Monitor<lockservice.server.monitor.Monitor>} (or, for grants and
 releases, the service's fan-out through the monitor's lane) appends one
-tuple per change to L{ChangeLog.log} (its hot path, inline); L{ChangeLog.fold}
+tuple per change to L{ChangeLog.log} (its hot path appends directly); L{ChangeLog.fold}
 counts a batch of them at once, when a page or a check reads, or when the
 log reaches L{FOLD_AT} entries.  The ring keeps the log's entries as they
 are and makes events of them only when they are read (L{ChangeLog._decoder}).
@@ -15,7 +15,6 @@ are and makes events of them only when they are read (L{ChangeLog._decoder}).
 
 from __future__ import annotations
 
-import math
 from itertools import compress
 from operator import itemgetter
 from typing import Any, Callable, List, Tuple
@@ -25,12 +24,7 @@ from twisted.internet.interfaces import IReactorTime
 from lockservice.core import events as ev
 from lockservice.core.events import TIMEOUT, EventRing
 from lockservice.core.series import Series
-from lockservice.core.sketch import KeyStats, Sketch
-
-# The hold time's sketch, added to inline by the fold (as Sketch.add).
-_FLOOR, _CEILING, _SCALE = Sketch.FLOOR, Sketch.CEILING, Sketch.SCALE
-_LOG2_GAMMA = Sketch.LOG2_GAMMA
-_ceil, _log2 = math.ceil, math.log2
+from lockservice.core.sketch import KeyStats
 
 # Changes noted before they are folded into the events, statistics and
 # series even if nobody reads them (bounds the log's memory).
@@ -71,9 +65,8 @@ class ChangeLog:
         the order they happened.  The event ring takes the log's entries
         as they are (L{_decoder} reads them when a page does); the
         statistics and the series are counted here, one loop over the
-        batch with the per-key record read inline and only counters per
-        change (what a record derives is counted when it is read:
-        L{KeyRecord}).
+        batch with only counters per change (what a record derives is
+        counted when it is read: L{KeyRecord}).
         """
         if not self.log:
             return
@@ -86,7 +79,7 @@ class ChangeLog:
         else:
             self.events.extend(log)
         keys = self.keys
-        records, recordOf = keys.records, keys.record
+        recordOf = keys.record
         series = self.series
         _GRANTED, _DROPPED, _QUEUED, _ENDED = GRANTED, DROPPED, QUEUED, ENDED  # locals
         # The series counts per whole second: a batch per second, not a
@@ -110,10 +103,7 @@ class ChangeLog:
             # once when read (KeyRecord).
             if kind == _GRANTED:
                 key = entry[2]
-                try:
-                    record = records[key]
-                except KeyError:
-                    record = recordOf(key)
+                record = recordOf(key)
                 record.grants += 1
                 waited = entry[5]
                 if waited != 0.0:
@@ -121,37 +111,17 @@ class ChangeLog:
                 grants += 1
             elif kind == _DROPPED:
                 key, heldFor = entry[2], entry[5]
-                try:
-                    record = records[key]
-                except KeyError:
-                    record = recordOf(key)
+                record = recordOf(key)
                 if entry[6]:
                     record.expiries += 1  # (the releases are the hold's count less these)
-                hold = record.hold
-                counts = hold.counts
-                if counts is not None and _FLOOR <= heldFor < _CEILING:
-                    # Sketch.add, inline for the common case (no call per
-                    # release); the first, a zero, a negative, a NaN or a
-                    # very long time goes through it.
-                    hold.count += 1
-                    hold.total += heldFor
-                    if heldFor < hold.low:
-                        hold.low = heldFor
-                    if heldFor > hold.high:
-                        hold.high = heldFor
-                    counts[_ceil(_log2(heldFor * _SCALE) / _LOG2_GAMMA)] += 1
-                else:
-                    hold.add(heldFor)
+                record.hold.add(heldFor)
                 holds += 1
                 holdTotal += heldFor
                 if heldFor > holdMax:
                     holdMax = heldFor
             elif kind == _QUEUED:
                 key = entry[2]
-                try:
-                    record = records[key]
-                except KeyError:
-                    record = recordOf(key)
+                record = recordOf(key)
                 record.waits += 1
                 waits += 1
             elif kind == _ENDED and entry[5] == TIMEOUT:
@@ -194,7 +164,7 @@ class ChangeLog:
 
     def note(self, entry: Tuple[Any, ...]) -> None:
         """
-        Note a change off the hot path (which appends inline, as here).
+        Note a change off the hot path (which appends to C{log} itself).
         """
         log = self.log
         log.append(entry)

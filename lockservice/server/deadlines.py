@@ -227,7 +227,7 @@ class LeaseDeadlines:
         with its token), else it must be the key's only holder.
         """
         entry: Union[bytes, LeaseEntry] = (key, token) if shared else key
-        bucket = ceil(expiresAt * 1000)  # leaseBucket, inline: this is every grant
+        bucket = leaseBucket(expiresAt)
         entries = self.buckets.get(bucket)
         if entries is None:
             self.buckets[bucket] = entry

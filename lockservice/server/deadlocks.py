@@ -66,11 +66,10 @@ class DeadlockChecks:
     """
     @ivar graph: the wait-for graph (the monitor changes it, pages read
         its C{cycles}).
-    @ivar pending: the check asked for and not run yet, or None.  The
-        monitor reads it inline on its hot path (no call to ask).
+    @ivar pending: the check asked for and not run yet, or None.
     @ivar fresh: the waits (queued acquires) not in the graph yet, oldest
-        first; the monitor adds and removes them inline, and calls
-        L{enterSoon} when it added one while C{entering} is None.
+        first; the monitor adds and removes them, and calls L{enterSoon}
+        when it added one.
     @ivar entering: the call that enters the waits of C{fresh} that have
         lasted L{WAIT_ENTERS_AFTER} into the graph, or None.
     """

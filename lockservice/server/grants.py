@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 from twisted.internet.interfaces import IReactorTime
 
 from lockservice.core import wire
-from lockservice.core.table import EXCLUSIVE, Grant, HandOverFailed, LockTable, Waiter
+from lockservice.core.table import EXCLUSIVE, Grant, HandOverFailed, LockTable, Waiter, nameOf
 from lockservice.server.deadlines import Alarm, LeaseDeadlines
 from lockservice.server.modes import SERVING
 from lockservice.server.monitor import ActivityObserver
@@ -78,7 +78,7 @@ class Grants:
         until = expiresAt + self.lockDelay
         self.table.startDelay(key, token, until)
         self.stats.expirations += 1
-        owner = getattr(client, "name", None) if self.activity else None
+        owner = nameOf(client) if self.activity else None
         self.notify.dropped(now, key, token, now - grantedAt, True, owner)
         self.notify.delayed(key, token, until)
         self.timers.fileLease(key, token, until, shared=True)
@@ -150,8 +150,7 @@ class Grants:
         table = self.table
         token, grantedAt, _, client = holding
         heldFor = now - grantedAt
-        # nameOf(client), inline: only the operator's view wants it.
-        owner = getattr(client, "name", None) if self.activity else None
+        owner = nameOf(client) if self.activity else None  # only the operator's view shows it
         orphans: List[Waiter] = []
         if table.waiterCount:  # (nothing to pass by otherwise)
             passGone(table, key, self.withdraw)
@@ -182,15 +181,7 @@ class Grants:
         one of its key's grants), and tell the observers.
         """
         self.stats.grants += 1
-        # _fileLease, inline: this is every grant.
-        expiresAt = grant.expiresAt
-        self.leases.file(grant.key, grant.token, expiresAt, shared)
-        alarm = self.alarm
-        if expiresAt < alarm.at:
-            alarm.arm(expiresAt)
-        elif (not alarm.firing and self.leases.entries
-              > 2 * (len(self.table.held) + self.table.sharedGrants) + 4096):
-            self.timers.fileAll()
+        self.timers.fileLease(grant.key, grant.token, grant.expiresAt, shared)
         self.notify.granted(now, grant.key, grant.token, grant.expiresAt, waited,
                             grant.waiter, conn)
         if self._observed and grant.key in self._observed:

@@ -236,22 +236,17 @@ class Metrics:
             _BUCKETS)
         self.registry.register(self.acquireWait)
         self.registry.register(self.holdTime)
-        # Buckets.observe, inline: these run at every grant and release.
-        self._waitCounts, self._holdCounts = self.acquireWait.counts, self.holdTime.counts
-        self._bounds = self.acquireWait.bounds
         locks.observers.append(self)
 
     def granted(self, key: bytes, token: int, grantedAt: float, expiresAt: float,
                 waited: float, name: Optional[bytes]) -> None:
-        self._waitCounts[bisect_left(self._bounds, waited)] += 1
-        self.acquireWait.sum += waited
+        self.acquireWait.observe(waited)
 
     def renewed(self, key: bytes, token: int, grantedAt: float, expiresAt: float) -> None:
         pass  # counted in Stats (lockservice_renewals)
 
     def dropped(self, key: bytes, token: int, heldFor: float, expired: bool) -> None:
-        self._holdCounts[bisect_left(self._bounds, heldFor)] += 1
-        self.holdTime.sum += heldFor
+        self.holdTime.observe(heldFor)
 
     def delayed(self, key: bytes, token: int, until: float) -> None:
         pass  # an expiry, counted as one already

@@ -25,6 +25,7 @@ from lockservice.server.modes import FROZEN, SERVING
 from lockservice.server.observers import Observers
 from lockservice.server.observing import KeyObservers
 from lockservice.server.stats import Stats
+from lockservice.server.timers import Timers
 
 __all__ = ["Change", "Mirroring"]
 
@@ -40,14 +41,12 @@ class Mirroring:
     mode: str
     activeAddress: Optional[bytes]
     leases: LeaseDeadlines
+    timers: "Timers[Any]"
     notify: Observers
     stats: Stats
     observing: KeyObservers
     groups: GroupService
     _observed: Dict[bytes, Any]
-
-    def _fileLease(self, key: bytes, token: int, expiresAt: float, shared: bool) -> None:
-        raise NotImplementedError
 
     def setActiveAddress(self, activeAddress: Optional[bytes]) -> None:
         """
@@ -91,7 +90,7 @@ class Mirroring:
         now = self.clock.seconds()
         self.table.install(key, token, now - age, now + remaining, share, name, delayed)
         if self.mode == SERVING:
-            self._fileLease(key, token, now + remaining, self.table.isShared(key))
+            self.timers.fileLease(key, token, now + remaining, self.table.isShared(key))
         elif self.mode == FROZEN:
             # Armed when it serves again.
             self.leases.file(key, token, now + remaining, self.table.isShared(key))
@@ -108,7 +107,7 @@ class Mirroring:
         install, drop = table.install, table.drop
         mode = self.mode
         if mode == SERVING or mode == FROZEN:
-            fileLease = self._fileLease if mode == SERVING else self.leases.file
+            fileLease = self.timers.fileLease if mode == SERVING else self.leases.file
             merged = 0
             for key, token, grantedAt, expiresAt, share, name, delayed in changes:
                 if expiresAt is None:

@@ -77,7 +77,7 @@ class KeyObservers:
     concerns.
 
     @ivar byKey: key -> its observers' groups; a key is here only while
-        somebody observes it (the service looks here, inline, at every
+        somebody observes it (the service looks here first at every
         change).
     """
 

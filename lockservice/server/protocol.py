@@ -237,11 +237,7 @@ class LockProtocol(SendOrder):
         if self.peer is not None:
             self.peer.dataReceived(data)
             return
-        budget = self.factory.readBudget
-        spent = budget.spent
-        if not self._putOff and spent < budget.budget and spent + len(data) <= RESET_AFTER:
-            budget.spent = spent + len(data)  # ReadBudget.spend with no reset due, inline
-        elif self._putOff or not budget.spend(self, len(data)):
+        if self._putOff or not self.factory.readBudget.spend(self, len(data)):
             # This iteration has handled enough input: the rest waits
             # (behind what already waits, in order).
             self._putOff += data
@@ -346,17 +342,7 @@ class LockProtocol(SendOrder):
         Write the answer to a release or renewal; count STALE answers, and
         close a connection that guesses tokens.
         """
-        # write(), inline for an answer in a turn (every release).
-        batch = self._batch
-        if batch is not None:
-            batch.append(answer)
-        else:
-            turn = self.service.answers.current
-            if turn is not None:
-                self._batch = [answer]
-                turn.append(self)
-            else:
-                self.write(answer)
+        self.write(answer)
         if answer[-7:] != b" STALE\n":
             return
         now = self.service.clock.seconds()

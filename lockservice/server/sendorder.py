@@ -24,8 +24,6 @@ from typing import Deque, Dict, Iterator, Optional
 
 from lockservice.server.observing import Observation
 from lockservice.server.reading import (
-    MAX_HELD_BACK_BYTES,
-    MAX_QUEUED_ACQUIRES,
     PacedReceiver,
 )
 from lockservice.server.service import LockService
@@ -88,8 +86,7 @@ class SendOrder(PacedReceiver):
             self.write(answer)
         if not queue:
             del self._observing[observation.key]
-        if (self._readPaused != self._writePaused or self._heldBytes > MAX_HELD_BACK_BYTES
-                or self._queued > MAX_QUEUED_ACQUIRES or self._putOff):
+        if self._readPaused != self._writePaused or self._overloaded():
             self._updateReading()
 
     def _answerInTurn(self, key: bytes, answer: bytes) -> None:
@@ -121,9 +118,7 @@ class SendOrder(PacedReceiver):
             self.write(answer)
         if not queue:
             del self._pending[waiter.key]
-        # _overloaded(), inline: this is every hand-over.
-        if (self._readPaused != self._writePaused or self._heldBytes > MAX_HELD_BACK_BYTES
-                or self._queued > MAX_QUEUED_ACQUIRES or self._putOff):
+        if self._readPaused != self._writePaused or self._overloaded():
             self._updateReading()
 
     def _withdrawing(self, pending: Dict[bytes, Deque[PendingAcquire]],

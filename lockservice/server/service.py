@@ -132,7 +132,7 @@ class LockService(Grants, Mirroring, Service):
         self._errorsLogged: Set[str] = set()
         self.timers: Timers[PendingAcquire] = Timers(
             clock, self.table, self.answers, self._timedOut, self._expire, self._internalError)
-        # (The grant path files leases inline: it runs at every grant.)
+        # Its parts, named here for the requests, the mirror and the tests.
         timers = self.timers
         self.waits, self.leases, self.alarm = timers.waits, timers.leases, timers.alarm
         self.chores = Chores(clock, self._inTurn, self._internalError)
@@ -140,7 +140,7 @@ class LockService(Grants, Mirroring, Service):
                                    lambda: self.activeAddress)
         self.observing = KeyObservers(self.table.newest, self.runInChunks,
                                       lambda work: clock.callLater(0, work), maxObservers)
-        # The observed keys, looked at inline by every change.
+        # The observed keys (observing.byKey): every change looks here first.
         self._observed = self.observing.byKey
         # Whether the grant of the table's pending runs (readers after a
         # writer, free semaphore slots) is under way as a chore.
@@ -252,9 +252,7 @@ class LockService(Grants, Mirroring, Service):
         if wait > 0:
             self.waits.add(waiter, now + wait)
             self.alarm.arm(waiter.deadline)
-        before = waiter.prev
-        if isinstance(before, PendingAcquire) and before.conn is waiter.conn:
-            joinRun(waiter)  # (else it is alone: see Run)
+        joinRun(waiter)
         if self.activity:
             self.notify.queued(now, waiter)
         return None
@@ -424,9 +422,6 @@ class LockService(Grants, Mirroring, Service):
             waiter.conn.finish(waiter, wire.timedOut(waiter.key))
             if self.table.pending:
                 self._letIn()
-
-    def _fileLease(self, key: bytes, token: int, expiresAt: float, shared: bool) -> None:
-        self.timers.fileLease(key, token, expiresAt, shared)
 
     def _takeWaiters(self) -> List[PendingAcquire]:
         waiters = cast("List[PendingAcquire]", self.table.takeWaiters())

@@ -98,15 +98,13 @@ class Timers(Generic[W]):
         """
         File the lease of the grant C{token} of C{key}: C{shared} when it is
         one of a shared key's grants, else the key's only holder (see
-        L{LeaseDeadlines}).  (The service's grant path does the same,
-        inline: it runs at every grant.)
+        L{LeaseDeadlines}).
         """
         self.leases.file(key, token, expiresAt, shared)
         if expiresAt < self.alarm.at:
             self.alarm.arm(expiresAt)
-        elif (not self.alarm.firing and self.leases.entries
-              > 2 * (len(self.table.held) + self.table.sharedGrants) + 4096):
-            # (LeaseDeadlines.crowded over every grant, inline.)
+        elif (not self.alarm.firing
+              and self.leases.crowded(len(self.table.held) + self.table.sharedGrants)):
             self.fileAll()
 
     def fileAll(self) -> None:

@@ -135,8 +135,11 @@ class AnswerTurn:
         """
         if not self.gate.hooks:
             if not self._endOfTurn:
-                # close() and _send(), inline: a single node ends every
-                # turn of requests here.
+                # close() and _send(), copied here: a single node ends
+                # every turn of requests here.  Measured with `python -m
+                # lockservice.bench instructions`, calling close() instead
+                # costs 2,259 more user instructions per acquire+release
+                # pair, 1.8% of the 123,150 of a pair.
                 turn, self.current = self.current, None
                 if turn is None:
                     return

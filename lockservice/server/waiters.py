@@ -85,14 +85,7 @@ class PendingAcquire(Waiter):
 
     def __init__(self, key: bytes, lease: float, conn: AnswerSink,
                  share: int = EXCLUSIVE) -> None:
-        # Waiter.__init__, inline: this is every acquire.
-        self.key = key
-        self.lease = lease
-        self.share = share
-        self.queuedAt = 0.0
-        self.queued = False
-        self.prev = None
-        self.next = None
+        super().__init__(key, lease, share)
         self.conn = conn
         self.deadline = 0.0
         self.answer: Optional[bytes] = None
