@@ -7,15 +7,15 @@ An active node serves client changes only while every live peer it
 knows of receives its stream: right after a promotion or a takeover, the
 other nodes (the old active among them) subscribe within a heartbeat or
 two, and an answer given before that could be lost on a kill -9.
-Meanwhile the node is frozen (C{M ... *}, queued waiters stay queued), as
-during a handoff.  A live peer that does not subscribe within
+Meanwhile the node is frozen (C{M ... *}, queued waiters stay queued:
+the state awaiting-standbys), as during a handoff.  A live peer that does not subscribe within
 L{SUBSCRIBE_BOUND} peer timeouts is not our standby: the node serves
 without it.
 
 And a node that did not run for L{Gate.frozenAfter} (stopped, starved)
 serves nothing until it has read what its peers sent meanwhile: a
 standby may have promoted, and its news waits unread in our sockets,
-behind the requests that piled up.
+behind the requests that piled up (the state reading-peers).
 
 Pure: the caller says what it sees and passes the time; it logs and acts
 on the L{Verdict}, and moves its L{NodeState}.

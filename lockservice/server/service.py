@@ -359,8 +359,8 @@ class LockService(Grants, Mirroring, Service):
     def cancelWait(self, waiter: PendingAcquire) -> bool:
         """
         Take a waiter out of its queue because its client withdrew it
-        (C{C}): O(1).  Its connection answers it C{T}.  Also on a node that
-        is handing off: the waiters it still has are its own to withdraw.
+        (C{C}): O(1).  Its connection answers it C{T}.  Also on a frozen
+        node: the waiters it still has are its own to withdraw.
 
         @return: False when it was no longer waiting.
         """

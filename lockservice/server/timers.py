@@ -8,8 +8,9 @@ What comes due is handed back to the service, a bounded number per
 reactor turn (L{TIMER_BUDGET} of each kind), inside one answer turn: a
 wait that ran out to C{timedOut(waiter, now)}, a lease that ran out to
 C{expired(key, token, now)}.  Leases come due only while C{expiring}
-(an active node): a standby mirrors its active's leases and never
-expires one itself, and a node handing off is frozen.
+(a serving node): a standby mirrors its active's leases and never
+expires one itself, and a frozen node keeps them filed until it serves
+(L{lockservice.server.modes}).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ class Timers(Generic[W]):
     """
     @ivar waits: the deadlines of queued acquires that wait for a time.
     @ivar leases: the deadlines of grants (only filed while C{expiring}
-        or frozen; see L{lockservice.server.service.LockService.setRole}).
+        or frozen; see L{lockservice.server.modes}).
     @ivar alarm: the one reactor alarm, for the earliest of both.
-    @ivar expiring: whether leases come due (this node is active).
+    @ivar expiring: whether leases come due (this node serves).
     """
 
     def __init__(self, clock: Clock, table: LockTable, answers: AnswerTurn,
