@@ -12,6 +12,7 @@ from lockservice.bench.clients import compare, formatComparison, pythonBench
 from lockservice.bench.counting import instructions
 from lockservice.bench.echo import echoServer
 from lockservice.bench.load import SCENARIOS, run
+from lockservice.bench.replication import replication
 from lockservice.bench.scenarios import httpStall, memory, observers, shards, sync
 from lockservice.bench.suite import formatTable, ratios, suite
 
@@ -76,6 +77,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     cp.add_argument("--addr", required=True)
     cp.add_argument("--concurrency", type=int, default=1)
     cp.add_argument("--duration", type=float, default=3.0)
+    rp = sub.add_parser("replication", help="a lone node vs the active of 3 nodes with "
+                                             "--replication ack and sent; CPU of every node "
+                                             "and the echo baseline (interleaved rounds)")
+    rp.add_argument("--duration", type=float, default=3.0)
+    rp.add_argument("--warmup", type=float, default=1.0)
+    rp.add_argument("--rounds", type=int, default=3)
+    rp.add_argument("--loads", default=None,
+                    help="connection counts of the loads to run: 1,16,64 (the default)")
+    rp.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.cmd == "clients":
         found = compare([int(c) for c in args.concurrency.split(",")], args.duration,
@@ -84,6 +94,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if args.cmd == "client-python":
         print(json.dumps(pythonBench(args.addr, args.concurrency, args.duration)))
+        return 0
+    if args.cmd == "replication":
+        found = replication(args.duration, args.rounds, args.warmup,
+                            [int(n) for n in args.loads.split(",")] if args.loads else None,
+                            out=(lambda line: None) if args.json else print)
+        if args.json:
+            print(json.dumps(found, indent=2))
         return 0
     if args.cmd == "observers":
         print(json.dumps(observers(args.count, args.rounds), indent=2))
