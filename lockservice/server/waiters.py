@@ -85,7 +85,17 @@ class PendingAcquire(Waiter):
 
     def __init__(self, key: bytes, lease: float, conn: AnswerSink,
                  share: int = EXCLUSIVE) -> None:
-        super().__init__(key, lease, share)
+        # Waiter.__init__, copied here: measured with `python -m
+        # lockservice.bench instructions`, calling it (super().__init__)
+        # costs 2,059 more user instructions per acquire+release pair, 1.7%
+        # of the 123,150 of a pair.
+        self.key = key
+        self.lease = lease
+        self.share = share
+        self.queuedAt = 0.0
+        self.queued = False
+        self.prev = None
+        self.next = None
         self.conn = conn
         self.deadline = 0.0
         self.answer: Optional[bytes] = None
