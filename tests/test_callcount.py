@@ -52,8 +52,8 @@ from lockservice.server.service import LockService
 # stays within them).
 #
 #                                   lines    calls
-#   a pair                          330.2     48.0
-#   a hand-off                      455.1     67.0
+#   a pair                          329.2     47.0
+#   a hand-off                      454.1     66.0
 #   the monitor's share of a pair    52.2      4.0
 #   the monitor's share, hand-over   90.1     14.0
 #   a mirrored line                  29.7      1.3
