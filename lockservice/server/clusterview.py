@@ -26,7 +26,10 @@ class ClusterView(Protocol):
     lastHeard: Dict[int, float]
     # Why this node distrusts its own clock and stands by, or None.
     clockSuspect: Optional[str]
-    # Its state (lockservice.cluster.serving): shown on /status.
-    state: str
+    @property
+    def state(self) -> str:
+        """
+        Its state (lockservice.cluster.serving), shown on /status.
+        """
 
     def activeAddress(self) -> Optional[bytes]: ...
