@@ -52,11 +52,14 @@ class Replica(GrantSlots):
             self._move(key, slot, token, expiresAt)
             return
         record = self._records.get(key)
-        if key in self._keys and not (record is not None and record.fits(share)):
+        slot = self._keys.get(key, -1)
+        if slot >= 0 and record is not None and record.fits(share):
+            slot = -1 if record.grants else slot  # beside them (or in the key's slot)
+        elif slot >= 0:
             record = self._replace(key, record, share)
         if record is None and share != EXCLUSIVE:
             record = self._records[key] = _Key(share)
-        slot = self._place(key, record, token, grantedAt, expiresAt, None, name)
+        slot = self._place(key, record, slot, token, grantedAt, expiresAt, None, name)
         if delayed:
             self._infoAt(slot).state = KEPT
 
@@ -90,10 +93,16 @@ class Replica(GrantSlots):
         (a grant) and L{drop} (expiresAt None) one by one would: a
         standby's every read of its active's stream.  Almost every line
         is a new exclusive grant of a free key or the drop of a key's only
-        grant: those go straight to their slot (and the tokens are
-        observed once), the rest through L{install} and L{drop}.
+        grant: those are done here, inline (and the tokens are observed
+        once), the rest by L{install} and L{drop}.  Inline, not calls of
+        C{_place} and C{_freeSlot}: those calls cost a standby 774
+        instructions per replicated line, 7% of its work per
+        acquire+release pair replicated (10,600 a line; callgrind, 40,000
+        lines through its peer channel in process).
         """
-        keys, records, tokens = self._keys, self._records, self._tokens
+        keys, records, tokens, clients, free = (
+            self._keys, self._records, self._tokens, self._clients, self._free)
+        granted, expires, names = self._granted, self._expires, self._names
         highest = 0
         for key, token, grantedAt, expiresAt, share, name, delayed in changes:
             slot = keys.get(key)
@@ -102,15 +111,31 @@ class Replica(GrantSlots):
                     continue
                 if key in records:
                     self.drop(key, token)
-                elif tokens[slot] == token:
+                elif tokens[slot] == token:  # _freeSlot, inline (see above)
                     del keys[key]
-                    self._freeSlot(slot)
-            elif slot is not None or share != EXCLUSIVE or delayed:
+                    clients[slot] = None
+                    free.append(slot)
+                continue
+            if slot is not None or share != EXCLUSIVE or delayed:
                 self.install(key, token, grantedAt, expiresAt, share, name, delayed)
+                continue
+            if token > highest:
+                highest = token
+            if free:  # _place, inline (see above)
+                slot = free.pop()
+                tokens[slot] = token
+                granted[slot] = grantedAt
+                expires[slot] = expiresAt
+                clients[slot] = None
+                names[slot] = name
             else:
-                if token > highest:
-                    highest = token
-                self._place(key, None, token, grantedAt, expiresAt, None, name)
+                slot = len(clients)
+                tokens.append(token)
+                granted.append(grantedAt)
+                expires.append(expiresAt)
+                clients.append(None)
+                names.append(name)
+            keys[key] = slot
         if highest:
             self.tokens.observe(highest)
 

@@ -51,9 +51,11 @@ class _Key:
         L{EXCLUSIVE} (then it has one), L{READ}, or the slot count.
     @ivar grants: token -> slot of each grant (and place kept by the
         lock-delay), in the order they were made.
-    @ivar heap: C{(expiresAt, token)} of every grant, plus stale entries of
-        grants ended or moved since (skipped when they come up): the grant
-        that runs out first in O(log n).
+    @ivar heap: while the key has two grants or more, C{(expiresAt,
+        token)} of every grant, plus stale entries of grants ended or
+        moved since (skipped when they come up): the grant that runs out
+        first in O(log n).  (A key's one grant is its first to run out: a
+        second grant makes the heap anew.)
     @ivar queue: the waiters, or None when nobody waits.
     """
 
@@ -110,13 +112,14 @@ class GrantSlots:
 
     # -- grants in slots ---------------------------------------------------
 
-    def _place(self, key: bytes, record: Optional[_Key], token: int, grantedAt: float,
-               expiresAt: float, client: object, name: Optional[bytes] = None) -> int:
+    def _place(self, key: bytes, record: Optional[_Key], slot: int, token: int,
+               grantedAt: float, expiresAt: float, client: object,
+               name: Optional[bytes] = None) -> int:
         """
-        Put the grant C{token} of C{key} in a slot, and make it one of the
-        key's grants (C{record}'s, or the key's only one when C{record} is
-        None): in the key's own slot when the key has no other grant (its
-        last ended, or is replaced), else in a free or new one.
+        Put the grant C{token} of C{key} in C{slot} (the key's own, when
+        its last grant ended or is replaced), or in a free or new one
+        (C{slot} -1), and make it one of the key's grants: C{record}'s, or
+        the key's only one when C{record} is None.
 
         A grant to a client is made under the holder name the client has
         now (its C{ident}: the C{I} name of its connection, kept with the
@@ -129,8 +132,6 @@ class GrantSlots:
         """
         if client is not None:
             name = getattr(client, "ident", None)
-        keys = self._keys
-        slot = keys.get(key, -1) if record is None or not record.grants else -1
         if slot < 0 and self._free:
             slot = self._free.pop()
         if slot < 0:
@@ -146,6 +147,7 @@ class GrantSlots:
             self._expires[slot] = expiresAt
             self._clients[slot] = client
             self._names[slot] = name
+        keys = self._keys
         if record is None:
             keys[key] = slot
             return slot
@@ -155,7 +157,6 @@ class GrantSlots:
             self.sharedGrants += 1
         if len(grants) == 1:
             keys[key] = slot
-            record.heap = [(expiresAt, token)]
         else:
             self._file(record, token, expiresAt)
             if expiresAt < self._expires[keys[key]]:
@@ -208,15 +209,17 @@ class GrantSlots:
 
     def _file(self, record: _Key, token: int, expiresAt: float) -> None:
         """
-        File the (new) deadline of grant C{token} in C{record}'s heap.
+        File the (new) deadline of grant C{token} in C{record}'s heap (the
+        key has two grants or more).
         """
-        heap = record.heap
-        heappush(heap, (expiresAt, token))
-        if len(heap) > 2 * len(record.grants) + 16:
-            # Mostly stale entries: make it again.
+        grants = record.grants
+        if len(grants) == 2 or len(record.heap) > 2 * len(grants) + 16:
+            # Its second grant, or mostly stale entries: make it anew.
             expires = self._expires
-            record.heap = [(expires[slot], held) for held, slot in record.grants.items()]
+            record.heap = [(expires[slot], held) for held, slot in grants.items()]
             heapify(record.heap)
+        else:
+            heappush(record.heap, (expiresAt, token))
 
     def _lead(self, key: bytes, record: _Key) -> None:
         """
@@ -238,9 +241,17 @@ class GrantSlots:
         """
         self._expires[slot] = expiresAt
         record = self._records.get(key)
-        if record is not None:
+        if record is not None and len(record.grants) > 1:
             self._file(record, token, expiresAt)
             self._lead(key, record)
+
+    def _newRecord(self, key: bytes, share: int) -> _Key:
+        """
+        The record of free C{key}, for its first grant of C{share} (a
+        reader's, or a semaphore's).
+        """
+        record = self._records[key] = _Key(share)
+        return record
 
     def _recordOf(self, key: bytes, slot: int) -> _Key:
         """
@@ -252,7 +263,6 @@ class GrantSlots:
             record = self._records[key] = _Key(EXCLUSIVE)
             token = self._tokens[slot]
             record.grants[token] = slot
-            record.heap.append((self._expires[slot], token))
         return record
 
     def _forget(self, key: bytes, token: int) -> bool:

@@ -157,10 +157,10 @@ class TableViews(GrantSlots):
         How many wait for C{key}, or None when it is free (one look-up for
         the service's limits on every acquire).
         """
+        if key not in self._keys:
+            return None
         record = self._records.get(key)
-        if record is None:
-            return 0 if key in self._keys else None
-        queue = record.queue
+        queue = record.queue if record is not None else None
         return queue.length if queue is not None else 0
 
     # -- shared keys, for replication and the operator's view ----------------
