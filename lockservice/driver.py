@@ -10,7 +10,7 @@ applications import:
 
 Commands run concurrently; results come back in completion order, each
 echoing its command's C{id}.  Tokens are decimal strings.  See
-docs/clients.md ("The conformance driver") for every command and result.
+docs/protocol.md ("Conformance drivers") for every command and result.
 """
 
 from __future__ import annotations

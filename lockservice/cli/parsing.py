@@ -93,7 +93,8 @@ def parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="show a node's (and its cluster's) status")
     st.add_argument("url", nargs="?", default=DEFAULT_STATUS_URL,
-                    help=f"the node's --http address (default {DEFAULT_STATUS_URL})")
+                    help=f"the node's --http address (default $LOCKSERVICE_URL or "
+                         f"{DEFAULT_STATUS_URL})")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
 
     def connection(sp: argparse.ArgumentParser) -> None:
