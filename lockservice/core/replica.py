@@ -53,9 +53,10 @@ class Replica(GrantSlots):
             return
         record = self._records.get(key)
         slot = self._keys.get(key, -1)
-        if slot >= 0 and record is not None and record.fits(share):
-            slot = -1 if record.grants else slot  # beside them (or in the key's slot)
+        if record is not None and record.grants and record.fits(share):
+            slot = -1  # beside the key's grants
         elif slot >= 0:
+            # In their place (or in the slot of the last one, dropped).
             record = self._replace(key, record, share)
         if record is None and share != EXCLUSIVE:
             record = self._records[key] = _Key(share)

@@ -27,7 +27,8 @@ class _GrantInfo:
     """
     What only some grants need besides their client: a renewal count, or
     a state other than L{LIVE}.  Kept in the table's client column in
-    place of the bare client, for a grant that was renewed or expired.
+    place of the bare client, for a grant that was renewed, expired or
+    dropped.
     """
 
     __slots__ = ("client", "renewals", "state")

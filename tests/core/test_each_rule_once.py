@@ -234,3 +234,19 @@ def test_one_fit_rule_for_acquires_installs_and_heals(held: int, count: int, sha
     assert (take(table, share)[1] is not None) == fit
     offered = [(10 + i, held) for i in range(count)] + [(1, share)]
     assert (1 in fitTogether(offered)) == fit
+
+
+@pytest.mark.parametrize("share", SHARES)
+def test_the_grant_a_heal_installs_after_dropping_every_grant_may_hold_otherwise(
+        share: int) -> None:
+    table = makeTable()
+    grants = holdAll(table, share)
+    waiter, _ = take(table, contender(share), name="w")
+    for grant in grants:
+        table.drop(b"k", grant.token)
+    installed = EXCLUSIVE if share != EXCLUSIVE else READ
+    table.install(b"k", 2**60, 0.0, 30.0, installed, b"theirs")
+    assert table.sharedGrantsOf(b"k") == [(2**60, 0.0, 30.0, installed, b"theirs", False)]
+    assert table.isShared(b"k") == (installed != EXCLUSIVE)
+    assert table.sharedGrants == (1 if installed != EXCLUSIVE else 0)
+    assert waiter.queued and table.grantCount() == 1 + table.sharedGrants
