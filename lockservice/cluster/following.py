@@ -122,8 +122,9 @@ class Following:
 
     def applyChanges(self, j: int, channel: PeerChannel, lines: List[bytes]) -> None:
         """
-        A run of C{H}/C{G} (held keys) and C{D} (dropped) lines from peer
-        C{j}: parsed in one loop and mirrored in one batch.
+        A run of C{H}/C{G} (held keys), C{D} (dropped) and C{S} (position)
+        lines from peer C{j}: parsed in one loop and mirrored in one batch;
+        then our copy goes as far as the last position.
         """
         owner = self.owner
         if not owner.fromLeader(j, channel):
@@ -136,6 +137,8 @@ class Following:
             owner.plausible(j, token, "token")  # logs it
         if parsed.changes:
             self.locks.mirror(parsed.changes)
+        if parsed.position is not None:
+            self.position = parsed.position
 
     def groupChanged(self, j: int, channel: PeerChannel, fields: Sequence[bytes]) -> bool:
         """
@@ -155,12 +158,15 @@ class Following:
 
     def acknowledge(self, channel: PeerChannel, lines: Sequence[bytes]) -> None:
         """
-        On receipt, before applying them: acknowledge the last stream
-        position in this read (one C{ACK} per read, however many
-        positions it holds).
+        On receipt of our leader's stream (the caller checked that it is),
+        before applying it: acknowledge the last stream position in this
+        read (one C{ACK} per read, however many positions it holds), so
+        the active's wait overlaps our work.  Every write of the stream
+        ends with its position, so that is mostly the last line.
         """
-        position = peerwire.lastPosition(lines)
-        if position is not None and self.owner.fromLeader(channel.remote or 0, channel):
+        last = lines[-1]
+        position = last[2:].rstrip(b"\r") if last[:2] == b"S " else peerwire.lastPosition(lines)
+        if position is not None:
             writeNow(channel, peerwire.ackLine(position))
 
     def reached(self, j: int, channel: PeerChannel, fields: Sequence[bytes]) -> None:

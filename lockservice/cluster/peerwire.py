@@ -93,8 +93,9 @@ REFUSED = b"REFUSED"
 SUSPECT = b"suspect"
 
 # Line prefixes of the runs applied in bulk: changes to held keys (a
-# snapshot, the live stream), and a heal's offer.
-CHANGES = (b"H ", b"G ", b"D ")
+# snapshot, the live stream, with the positions that end each of the
+# stream's writes), and a heal's offer.
+CHANGES = (b"H ", b"G ", b"D ", b"S ")
 OFFERED = (b"MERGE ", b"RELEAS")
 
 # Formats of the hot paths (one % per line, no call): an exclusive grant's
@@ -251,30 +252,37 @@ class Changes(NamedTuple):
     @ivar changes: the changes, in order (see L{Change}).
     @ivar malformed: the fields of each line that could not be read.
     @ivar implausible: the tokens of grants refused as too far ahead.
+    @ivar position: the last stream position (C{S}) read, or None.
     """
 
     changes: List[Change]
     malformed: List[Sequence[bytes]]
     implausible: List[int]
+    position: Optional[int] = None
 
 
 def parseChanges(lines: Iterable[bytes], now: float, limit: int) -> Changes:
     """
-    A run of C{H}/C{G} (held keys) and C{D} (dropped) lines, read at
-    C{now} (their remaining times and ages become deadlines) in one loop:
-    a busy stream is mostly this, and so is a snapshot of a million keys.
-    A grant whose token is above C{limit} is left out (a drop is not: it
-    ends nothing we may rely on).
+    A run of C{H}/C{G} (held keys), C{D} (dropped) and C{S} (position)
+    lines, read at C{now} (their remaining times and ages become
+    deadlines) in one loop: a busy stream is mostly this, and so is a
+    snapshot of a million keys.  A grant whose token is above C{limit} is
+    left out (a drop is not: it ends nothing we may rely on).
     """
     changes: List[Change] = []
     append = changes.append
     malformed: List[Sequence[bytes]] = []
     implausible: List[int] = []
+    position: Optional[int] = None
     for line in lines:
         fields = line.rstrip(b"\r").split(b" ")
+        kind = fields[0]
         try:
+            if kind == b"S":
+                position = int(fields[1])
+                continue
             key, token = fields[1], int(fields[2])
-            if fields[0] == b"D":
+            if kind == b"D":
                 append((key, token, 0.0, None, EXCLUSIVE, None, False))
                 continue
             expiresAt = now + int(fields[3]) / 1e6
@@ -294,7 +302,7 @@ def parseChanges(lines: Iterable[bytes], now: float, limit: int) -> Changes:
             implausible.append(token)
             continue
         append((key, token, grantedAt, expiresAt, share, name, delayed))
-    return Changes(changes, malformed, implausible)
+    return Changes(changes, malformed, implausible, position)
 
 
 def positionLine(position: int) -> bytes:

@@ -134,8 +134,19 @@ class Receiver:
         assert j is not None
         self.links.heard(j)
         transport: Any = channel.transport
-        if self.stream.acknowledged and channel.outbound:
-            self.following.acknowledge(channel, lines)
+        if channel.outbound:
+            if self.stream.acknowledged and self.owner.fromLeader(j, channel):
+                self.following.acknowledge(channel, lines)
+        elif len(lines) == 1 and lines[0][:4] == b"ACK " and not channel.closing:
+            # A follower's acknowledgement, alone in its read: nearly every
+            # read an active under load makes on a peer link.
+            try:
+                position = int(lines[0][4:])
+            except ValueError:
+                self.log.warn("malformed peer message {fields!r}", fields=lines[0][:60])
+                return
+            self.stream.acknowledge(channel, position)
+            return
         i, count = 0, len(lines)
         while i < count:
             if channel.closing or transport.disconnecting:

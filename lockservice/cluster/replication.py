@@ -24,7 +24,9 @@ ends with the leader's state whatever changed meanwhile.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from array import array
+from collections import deque
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple
 
 from twisted.internet.interfaces import IDelayedCall, IPullProducer
 from twisted.logger import Logger
@@ -121,6 +123,9 @@ class SnapshotProducer:
         self.stopped = True
 
 
+# How many of the latest acknowledgement waits /status and /metrics read.
+WAITS_KEPT = 4096
+
 # The replication modes (--replication).
 ACK = "ack"
 SENT = "sent"
@@ -169,11 +174,14 @@ class Stream:
         self._flushLater: Optional[IDelayedCall] = None
         # Whether a follower's link still holds unsent bytes (a seam for tests).
         self.leftUnsent: Callable[[PeerChannel], bool] = lambda channel: channel.leftUnsent()
+        # The acknowledgement wait (--replication ack): when each position
+        # still waited for was written, and how long the last WAITS_KEPT
+        # positions waited (seconds, a ring), for /status and /metrics.
+        self._writtenAt: Deque[Tuple[int, float]] = deque()
+        self._waits = array("d", bytes(8 * WAITS_KEPT))
+        self._waitsSeen = 0
 
     # -- the sending side (a LockService observer) -------------------------
-
-    def _followers(self) -> List[PeerChannel]:
-        return [c for c in self.links.inbound.values() if c.replicating]
 
     def _queue(self, line: bytes) -> None:
         for channel in self._inbound.values():
@@ -280,7 +288,6 @@ class Stream:
             if self._flushLater.active():
                 self._flushLater.cancel()
             self._flushLater = None
-        followers = self._followers()
         if self.pending:
             self.position += 1
             # Acknowledged with --replication ack; either way the followers
@@ -288,39 +295,119 @@ class Stream:
             self.pending.append(peerwire.positionLine(self.position))
             data = b"".join(self.pending)
             self.pending = []
-            for channel in followers:
-                writeNow(channel, data)
-        return self.caughtUp(followers)
+            waited = False
+            for channel in self._inbound.values():
+                if channel.replicating:
+                    writeNow(channel, data)
+                    if channel.synced and not channel.lagging:
+                        waited = True
+            if not waited:
+                # Nobody to wait for (no standby, or only ones still syncing).
+                self._reach(self.position)
+            elif self.acknowledged:
+                now = self.clock.seconds()
+                self._writtenAt.append((self.position, now))
+                # Answers now wait for acknowledgements (see acknowledge).
+                return now - self._writtenAt[0][1] >= self.peerTimeout and self._cutOff(now)
+        if self.acknowledged:
+            return self._reached >= self.position or self._cutOff(self.clock.seconds())
+        return self.caughtUp()
 
     # -- the answer gate (lockservice.server.turn.Gate) ---------------------
 
     def publish(self) -> int:
         if self.flush():
-            self._reached = self.position
+            self._reach(self.position)
         return self.position
 
     def reached(self) -> int:
-        if self._reached < self.position:
-            followers = self._followers()
-            if self.caughtUp(followers):
-                self._reached = self.position
-            elif self.acknowledged:
-                self._reached = max(self._reached, min(
-                    (c.acked for c in followers if c.synced and not c.lagging),
-                    default=self.position))
+        # With --replication ack, acknowledgements move it (acknowledge),
+        # and so does the look at a follower gone or silent (_cutOff, at
+        # every flush while answers wait).
+        if self._reached < self.position and not self.acknowledged and self.caughtUp():
+            self._reach(self.position)
         return self._reached
+
+    def _acknowledgedUpTo(self) -> int:
+        """
+        The highest position every follower answers wait for has
+        acknowledged (a follower still receiving its snapshot, or cut off,
+        is not waited for).
+        """
+        upTo = self.position
+        for channel in self._inbound.values():
+            if channel.synced and not channel.lagging and channel.acked < upTo:
+                upTo = channel.acked
+        return upTo
+
+    def _reach(self, position: int) -> None:
+        """
+        Answers that wait for C{position} or less may go now; the
+        positions written since they were waited for tell the wait.
+        """
+        if position <= self._reached:
+            return
+        self._reached = position
+        written = self._writtenAt
+        if written and written[0][0] <= position:
+            now = self.clock.seconds()
+            waits, seen = self._waits, self._waitsSeen
+            while written and written[0][0] <= position:
+                waits[seen % WAITS_KEPT] = now - written.popleft()[1]
+                seen += 1
+            self._waitsSeen = seen
 
     def acknowledge(self, channel: PeerChannel, position: int) -> None:
         """
-        Follower C{channel} has received the stream up to C{position}.
+        Follower C{channel} has received the stream up to C{position}:
+        answers waiting for it go out now, in this turn, once every
+        follower they wait for has acknowledged them (the first of two
+        standbys to acknowledge a write releases nothing).
         """
         if position > channel.acked:
             channel.acked = min(position, self.position)
-            self.locks.answers.reachedMoved()
+            if channel.acked > self._reached:
+                upTo = self._acknowledgedUpTo()
+                if upTo > self._reached:
+                    self._reach(upTo)
+                    self._answers.reachedMoved()
 
-    def caughtUp(self, followers: List[PeerChannel]) -> bool:
+    def _cutOff(self, now: float) -> bool:
         """
-        Whether every synchronised follower has taken all we wrote to it.
+        With C{--replication ack}: cut off every follower that has not
+        acknowledged the oldest write still waited for, made
+        --peer-timeout ago or more (it syncs again when it comes back),
+        rather than stop the service.
+
+        @return: whether nothing is waited for any more.
+        """
+        self._reach(self._acknowledgedUpTo())  # (a follower gone since)
+        written = self._writtenAt
+        if self._reached >= self.position or not written:
+            return self._reached >= self.position
+        oldest, writtenAt = written[0]
+        if now - writtenAt < self.peerTimeout:
+            return False
+        for channel in list(self._inbound.values()):
+            if channel.synced and not channel.lagging and channel.acked < oldest:
+                self._cut(channel, now - writtenAt)
+        self._reach(self._acknowledgedUpTo())
+        return self._reached >= self.position
+
+    def _cut(self, channel: PeerChannel, seconds: float) -> None:
+        self.log.warn(
+            "{peer} {what} no replication for {seconds:.1f} s: link closed, "
+            "it syncs again when it reads",
+            peer=self.owner.name(channel.remote) if channel.remote is not None else "?",
+            what="acknowledged" if self.acknowledged else "took",
+            seconds=seconds, event="follower_cut_off")
+        channel.lagging = True
+        channel.close(abort=True)
+
+    def caughtUp(self) -> bool:
+        """
+        With C{--replication sent}: whether every synchronised follower
+        has taken all we wrote to it.
 
         A kernel socket takes a write at once while the standby reads; when
         it does not (stopped, overloaded), the stream stays in this host's
@@ -334,11 +421,10 @@ class Stream:
         """
         ready = True
         now = -1.0
-        acknowledged, position = self.acknowledged, self.position
-        for channel in followers:
+        for channel in self._inbound.values():
             if not channel.synced or channel.lagging:
                 continue
-            if not (channel.acked < position if acknowledged else self.leftUnsent(channel)):
+            if not self.leftUnsent(channel):
                 channel.behindSince = None
                 continue
             if now < 0:
@@ -346,17 +432,32 @@ class Stream:
             if channel.behindSince is None:
                 channel.behindSince = now
             elif now - channel.behindSince >= self.peerTimeout:
-                self.log.warn(
-                    "{peer} {what} no replication for {seconds:.1f} s: link closed, "
-                    "it syncs again when it reads",
-                    peer=self.owner.name(channel.remote) if channel.remote is not None else "?",
-                    what="acknowledged" if acknowledged else "took",
-                    seconds=now - channel.behindSince, event="follower_cut_off")
-                channel.lagging = True
-                channel.close(abort=True)
+                self._cut(channel, now - channel.behindSince)
                 continue
             ready = False
         return ready
+
+    # -- what /status and /metrics read --------------------------------------
+
+    def inSync(self) -> int:
+        """
+        How many standbys answers wait for now: synchronised, not cut off.
+        """
+        return sum(1 for c in self._inbound.values()
+                   if c.replicating and c.synced and not c.lagging)
+
+    def ackWaits(self) -> Tuple[Optional[float], Optional[float]]:
+        """
+        The median and 99th percentile, in seconds, of how long the last
+        (up to) L{WAITS_KEPT} positions written waited for every standby's
+        acknowledgement, or None for each when none did (C{sent}, a lone
+        active).
+        """
+        count = min(self._waitsSeen, WAITS_KEPT)
+        if not count:
+            return None, None
+        waits = sorted(self._waits[:count])
+        return waits[count // 2], waits[min(count - 1, (count * 99) // 100)]
 
     def leadNoMore(self) -> None:
         """
@@ -369,6 +470,7 @@ class Stream:
         until its next heartbeat: about 100 ms).
         """
         self.flush()  # what this node's term changed goes out first
+        self._writtenAt.clear()  # (waits never acknowledged tell no wait)
         for channel in self._inbound.values():
             producer = channel.snapshot
             if producer is not None:
