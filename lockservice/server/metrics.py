@@ -25,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from lockservice.core.election import ROLES
 from lockservice.core.sketch import Sketch
-from lockservice.server.clusterview import ClusterView
+from lockservice.server.clusterview import ClusterView, replication
 from lockservice.server.monitor import Monitor
 from lockservice.server.service import LockService
 
@@ -147,6 +147,29 @@ class _StatsCollector(Collector):
                                              "Times this node became active")
             promotions.add_metric([], self.cluster.promotions)
             yield promotions
+            yield from _replicationMetrics(self.cluster)
+
+
+def _replicationMetrics(cluster: ClusterView) -> Iterator[Metric]:
+    """
+    The standbys in sync, and the acknowledgement wait's median and 99th
+    percentile over the latest writes (see clusterview.replication).
+    """
+    figures = replication(cluster)
+    if figures is None:
+        return
+    inSync = GaugeMetricFamily("lockservice_in_sync_standbys",
+                               "Standbys that client answers wait for now (synchronised)")
+    inSync.add_metric([], figures["in_sync_standbys"])
+    yield inSync
+    wait = GaugeMetricFamily("lockservice_replication_ack_wait_seconds",
+                             "How long the latest replication writes waited for every in-sync "
+                             "standby's acknowledgement (--replication ack)",
+                             labels=["quantile"])
+    for quantile, key in (("0.5", "ack_wait_p50_ms"), ("0.99", "ack_wait_p99_ms")):
+        if figures[key] is not None:
+            wait.add_metric([quantile], figures[key] / 1000)
+    yield wait
 
 
 class _MonitorCollector(Collector):

@@ -18,7 +18,7 @@ from twisted.web.server import Request
 import lockservice
 from lockservice.core.table import EXCLUSIVE, READ, READ_WRITE, Holder, nameOf
 from lockservice.server import health
-from lockservice.server.clusterview import ClusterView
+from lockservice.server.clusterview import ClusterView, replication
 from lockservice.server.monitor import Monitor
 from lockservice.server.service import LockService
 from lockservice.server.webevents import STATS_LIMIT, STATS_MAX, statsParts
@@ -111,6 +111,9 @@ def status(locks: LockService, cluster: Optional[ClusterView],
                                              "refusedHandshakes", 0)
         # Peers refused for speaking no peer protocol version of ours.
         data["incompatible_peers"] = list(getattr(cluster, "incompatiblePeers", []))
+        # The replication stream: its mode, the standbys in sync, the
+        # acknowledgement wait (see clusterview.replication).
+        data["replication"] = replication(cluster)
     if monitor is not None:
         data["warn_hold_seconds"] = monitor.warnHold
         data["long_holds"] = monitor.currentLongHolds()
