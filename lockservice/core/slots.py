@@ -297,7 +297,8 @@ class GrantSlots:
             del self._keys[key]
             del self._records[key]
         else:
-            self._infoAt(slot).state = ENDED
+            ended = self._clients[slot] = _GrantInfo(None)  # nobody holds it
+            ended.state = ENDED
         return True
 
     def _settle(self, key: bytes, record: _Key) -> None:

@@ -118,7 +118,9 @@ class LockTable(Replica, LockDelay, TableViews):
         waiter = queue.popleft()
         waiter.queued = False
         self.waiterCount -= 1
-        share = record.share = waiter.share
+        share = waiter.share
+        if share != record.share:  # (a hand-over: writer to readers, or back)
+            record.share, record.kind = share, kindOf(share)
         expiresAt = now + waiter.lease
         self._place(key, record, slot, token, now, expiresAt, waiter.client())
         head = queue.head
@@ -175,12 +177,19 @@ class LockTable(Replica, LockDelay, TableViews):
         @raise HandOverFailed: no token left: every waiter of the key was
             taken out of its queue (its holders stay).
         """
-        self.pending.pop(key, None)
         record = self._records.get(key)
         if record is None or not self._headFits(record):
+            self.pending.pop(key, None)
             return None
-        # Beside the key's grants, or in its slot kept for the next one.
-        return self._admit(key, record, now, -1 if record.grants else self._keys[key])
+        try:
+            # Beside the key's grants, or in its slot kept for the next one.
+            grant = self._admit(key, record, now, -1 if record.grants else self._keys[key])
+        except HandOverFailed:
+            self.pending.pop(key, None)
+            raise
+        if not self._headFits(record):
+            self.pending.pop(key, None)
+        return grant
 
     # -- client operations -------------------------------------------------
 
@@ -324,8 +333,10 @@ class LockTable(Replica, LockDelay, TableViews):
         @return: the waiters that were queued, in queue order per key.
         """
         orphans: List[Waiter] = []
-        for key, record in list(self._records.items()):
-            if record.queue is not None:
+        records = self._records
+        for key in list(self._keys):
+            record = records.get(key)
+            if record is not None and record.queue is not None:
                 orphans.extend(self._unqueue(key, record))
         self.waiterCount = 0
         self.pending.clear()

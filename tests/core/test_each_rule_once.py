@@ -186,6 +186,7 @@ def test_a_heal_that_drops_every_grant_of_a_waited_for_key_installs_the_next(sha
         table.drop(b"k", grant.token)
     # Nothing holds it, its waiter still waits: the heal's grant comes next.
     assert waiter.queued and b"k" in table and table.holding(b"k") is None
+    assert table.clientOf(b"k") is None and table.newest(b"k") == (0, None)
     assert table.holderCount(b"k") == 0 and table.sharedGrantsOf(b"k") == []
     table.install(b"k", 2**60, 0.0, 30.0, share, b"theirs")
     assert [h.token for h in table.grantsOf(b"k")] == [2**60] and waiter.queued
