@@ -22,6 +22,7 @@ import {
 } from "./errors.js";
 import { Leadership, Lock, type LockOwner } from "./lock.js";
 import { Pool, sleep, type Slot } from "./pool.js";
+import { later, type Timer } from "./timer.js";
 import {
   MAX_KEY_BYTES,
   checkKey,
@@ -56,6 +57,8 @@ const CONNECT_WAIT_MS = 10_000;
 const OBSERVE_CHUNK_S = 10;
 /** An `O` not answered this long after its wait is presumed lost on a stalled node. */
 const OBSERVE_GRACE_MS = 3000;
+/** A cancelled campaign's connection waits at most this for its withdrawal to settle. */
+const CANCEL_SETTLE_MS = 5000;
 /** The client's instance id: this many hex digits, after `#` in its connection names. */
 const INSTANCE_HEX = 12;
 /** The longest name a client can have: `<name>#<instance>` must be a valid `I` word. */
@@ -139,6 +142,46 @@ interface Answered {
   sentAt: number;
 }
 
+/**
+ * Connections to one node that fail within this of each other fail
+ * together (the node died or restarted): one try of a request, not one
+ * per connection.
+ */
+const SAME_MOMENT_MS = 1000;
+
+/**
+ * The tries a request (an acquire, an observe) has used: each connection
+ * that carried it and dropped (or never answered) is one, except that
+ * connections to one node that fail in the same moment share one try
+ * (the node died: its connections all drop, the request may have been
+ * re-sent on one before its drop was seen). A connection made after the
+ * failure that counted is a new try. Only the request's own connections
+ * count: it never hears of the others.
+ */
+class Tries {
+  used = 0;
+  /** Per node address: when its failure that counted happened. */
+  private readonly counted = new Map<string, number>();
+
+  constructor(private readonly limit: number) {}
+
+  /** `conn`, which carried the request, failed; true when no try is left. */
+  failed(conn: Connection): boolean {
+    const at = conn.closedAt || monotonic();
+    const address = conn.address.text;
+    const previous = this.counted.get(address);
+    const sameMoment = previous !== undefined && conn.readyAt <= previous && at - previous <= SAME_MOMENT_MS;
+    if (!sameMoment) {
+      this.used++;
+      this.counted.set(address, at);
+    }
+    return this.used >= this.limit;
+  }
+}
+
+/** Lets the I/O already in (other connections closing) be seen before a re-send picks a connection. */
+const settleIO = (): Promise<void> => new Promise<void>((resolve) => setImmediate(resolve));
+
 class GaveUp extends Error {}
 class Abandoned extends Error {}
 
@@ -158,7 +201,7 @@ class Retried {
   private sends = 0;
   private started = 0;
   private tickTimer: NodeJS.Timeout | null = null;
-  private endTimer: NodeJS.Timeout | null = null;
+  private endTimer: Timer | null = null;
   private done = false;
   private resolve!: (a: Answered) => void;
   private reject!: (e: Error) => void;
@@ -182,7 +225,7 @@ class Retried {
 
   start(): Promise<Answered> {
     this.started = monotonic();
-    this.endTimer = setTimeout(() => this.end(), Math.max(0, this.giveUpAt - this.started));
+    this.endTimer = later(() => this.end(), this.giveUpAt - this.started);
     this.client.retrying.add(this);
     this.tick();
     return this.result;
@@ -193,7 +236,7 @@ class Retried {
     this.done = true;
     this.client.retrying.delete(this);
     if (this.tickTimer !== null) clearTimeout(this.tickTimer);
-    if (this.endTimer !== null) clearTimeout(this.endTimer);
+    this.endTimer?.clear();
     if (value instanceof Error) this.reject(value);
     else this.resolve(value);
   }
@@ -299,7 +342,7 @@ class AcquireRun {
   private sentOn: Connection | null = null;
   private sends = 0;
   private readonly internal = new AbortController();
-  private guard: NodeJS.Timeout | null = null;
+  private guard: Timer | null = null;
   private loopDone: Promise<void> = Promise.resolve();
   private onUserAbort: (() => void) | null = null;
 
@@ -330,7 +373,7 @@ class AcquireRun {
       this.signal.addEventListener("abort", this.onUserAbort, { once: true });
     }
     if (this.wait > 0) {
-      this.guard = setTimeout(() => {
+      this.guard = later(() => {
         this.guard = null;
         if (this.done) return;
         if (this.sentOn !== null) {
@@ -350,7 +393,7 @@ class AcquireRun {
 
   private cleanup(): void {
     this.client.acquiring.delete(this);
-    if (this.guard !== null) clearTimeout(this.guard);
+    this.guard?.clear();
     this.guard = null;
     if (this.signal && this.onUserAbort) this.signal.removeEventListener("abort", this.onUserAbort);
   }
@@ -358,7 +401,7 @@ class AcquireRun {
   private settle(result: Lock | Error): void {
     if (this.done) return;
     this.done = true;
-    if (this.guard !== null) clearTimeout(this.guard);
+    this.guard?.clear();
     this.guard = null;
     if (result instanceof Error) this.reject(result);
     else this.resolve(result);
@@ -380,10 +423,13 @@ class AcquireRun {
   cancel(error: CancelledError | Error): void {
     if (this.done) return;
     const conn = this.sentOn;
+    let withdrawn: Promise<unknown> = Promise.resolve();
     if (conn !== null) {
-      conn.request("C", this.key, `C ${this.key}\n`).catch(() => {});
+      withdrawn = conn.request("C", this.key, `C ${this.key}\n`).catch(() => {});
     }
-    const settled = this.loopDone.then(() => {});
+    // Settled once the `C` is answered (after the `T`, or after the grant
+    // that crossed it) and the loop is done (a crossed grant released).
+    const settled = Promise.all([this.loopDone, withdrawn]).then(() => {});
     const final =
       error instanceof CancelledError ? new CancelledError(error.message, settled, { cause: error.cause }) : error;
     this.giveUp(final);
@@ -394,8 +440,10 @@ class AcquireRun {
     const key = this.key;
     const started = monotonic();
     const deadline = this.wait > 0 ? started + this.wait * 1000 : null;
-    const connectUntil = started + CONNECT_WAIT_MS;
-    let drops = 0;
+    // With no connection up, wait for one this long: from the start, and
+    // again from each drop (a long-pending request meeting a failover).
+    let connectUntil = started + CONNECT_WAIT_MS;
+    const tries = new Tries(pool.slots.length);
     let redirects = 0;
     let noActiveUntil: number | null = null;
     let prefer: Slot | null = null;
@@ -451,10 +499,11 @@ class AcquireRun {
         this.sentOn = null;
         pool.unclaim(conn, "A", key);
         if (this.abandoned) return;
-        drops++;
-        if (drops >= pool.slots.length) {
-          throw new NoConnectionError(`the connection dropped ${drops} time(s) during the acquire of ${JSON.stringify(key)}: ${(error as Error).message}`);
+        connectUntil = Math.max(connectUntil, monotonic() + CONNECT_WAIT_MS);
+        if (tries.failed(conn)) {
+          throw new NoConnectionError(`the connection dropped during the acquire of ${JSON.stringify(key)} (${tries.used} tries): ${(error as Error).message}`);
         }
+        await settleIO();
         continue;
       }
       this.sentOn = null;
@@ -628,9 +677,8 @@ export class Client implements LockOwner {
     const expires = sentAt + lease * 1000;
     if (lock.expiresAt !== null && expires <= lock.expiresAt) return;
     lock.expiresAt = expires;
-    if (lock.expiryTimer !== null) clearTimeout(lock.expiryTimer);
-    lock.expiryTimer = setTimeout(() => this.expired(lock), Math.max(0, expires - monotonic()));
-    lock.expiryTimer.unref();
+    lock.expiryTimer?.clear();
+    lock.expiryTimer = later(() => this.expired(lock), expires - monotonic()).unref();
   }
 
   private expired(lock: Lock): void {
@@ -656,12 +704,12 @@ export class Client implements LockOwner {
   /** @internal keep-alive: the next renewal a third of the lease after the last confirmed send. */
   scheduleRenewal(lock: Lock): void {
     if (!lock.keepAlive || lock.released || lock.isLost || this.closed) return;
-    if (lock.renewTimer !== null) clearTimeout(lock.renewTimer);
+    lock.renewTimer?.clear();
     const delay = lock.expiresAt === null ? 0 : lock.expiresAt - (lock.lease * 2000) / 3 - monotonic();
-    lock.renewTimer = setTimeout(() => {
+    lock.renewTimer = later(() => {
       lock.renewTimer = null;
       this.renewLock(lock, lock.lease).catch(() => {}); // told through "lost"
-    }, Math.max(0, delay));
+    }, delay);
   }
 
   // -- release and renew -----------------------------------------------------
@@ -669,7 +717,7 @@ export class Client implements LockOwner {
   /** @internal */
   async releaseLock(lock: Lock): Promise<void> {
     lock.stopKeepAlive();
-    if (lock.expiryTimer !== null) clearTimeout(lock.expiryTimer);
+    lock.expiryTimer?.clear();
     lock.expiryTimer = null;
     this.held.delete(lock);
     await this.releaseToken(lock.pool, lock.key, lock.token);
@@ -832,8 +880,10 @@ export class Client implements LockOwner {
   private async observeLoop(pool: Pool, key: string, sentToken: string, wait: number, signal: AbortSignal): Promise<ObserveResult> {
     const started = monotonic();
     const deadline = wait > 0 ? started + wait * 1000 : null;
-    const connectUntil = started + CONNECT_WAIT_MS;
-    let drops = 0;
+    // With no connection up, wait for one this long: from the start, and
+    // again from each drop (a long-pending request meeting a failover).
+    let connectUntil = started + CONNECT_WAIT_MS;
+    const tries = new Tries(pool.slots.length);
     let redirects = 0;
     let noActiveUntil: number | null = null;
     let prefer: Slot | null = null;
@@ -879,8 +929,11 @@ export class Client implements LockOwner {
         if (signal.aborted) throw signal.reason;
         if (error instanceof NoAnswer) conn.suspect();
         else if (!(error instanceof ConnectionDropped)) throw error;
-        drops++;
-        if (drops >= pool.slots.length) throw new NoConnectionError(`no answer to the observe of ${JSON.stringify(key)}: ${(error as Error).message}`);
+        connectUntil = Math.max(connectUntil, monotonic() + CONNECT_WAIT_MS);
+        if (tries.failed(conn)) {
+          throw new NoConnectionError(`no answer to the observe of ${JSON.stringify(key)} (${tries.used} tries): ${(error as Error).message}`);
+        }
+        await settleIO();
         continue;
       }
       switch (fields[0]) {
@@ -940,7 +993,14 @@ export class Client implements LockOwner {
     try {
       lock = await this.acquireOn(pool, election, { lease, wait: 0, keepalive: true, signal: options.signal });
     } catch (error) {
-      this.dropCampaignPool(value);
+      if (error instanceof CancelledError) {
+        // The candidacy's connection stays open until the withdrawal is
+        // answered and a grant that crossed it is released (its answer
+        // comes on that connection), for a few seconds at most.
+        void within(error.settled, CANCEL_SETTLE_MS).then(() => this.dropCampaignPool(value));
+      } else {
+        this.dropCampaignPool(value);
+      }
       throw error;
     }
     let dropped = false;
@@ -1008,7 +1068,7 @@ export class Client implements LockOwner {
     for (const closer of [...this.closers]) closer(error);
     for (const lock of [...this.held]) {
       lock.stopKeepAlive();
-      if (lock.expiryTimer !== null) clearTimeout(lock.expiryTimer);
+      lock.expiryTimer?.clear();
       lock.expiryTimer = null;
     }
     this.held.clear();
@@ -1033,16 +1093,28 @@ export class Client implements LockOwner {
 
 class NoAnswer extends Error {}
 
+/** `promise` settled (either way), or `ms` passed. */
+function within(promise: Promise<unknown>, ms: number): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const timer = later(resolve, ms);
+    const done = (): void => {
+      timer.clear();
+      resolve();
+    };
+    promise.then(done, done);
+  });
+}
+
 /** `promise`, or a {@link NoAnswer} after `ms`, or the signal's reason when it aborts first. */
 function bounded<T>(promise: Promise<T>, ms: number, signal?: AbortSignal): Promise<T> {
   return new Promise<T>((resolve, reject) => {
-    const timer = setTimeout(() => finish(() => reject(new NoAnswer(`no answer within ${ms / 1000} s`))), ms);
+    const timer = later(() => finish(() => reject(new NoAnswer(`no answer within ${ms / 1000} s`))), ms);
     const onAbort = (): void => finish(() => reject(signal!.reason));
     let done = false;
     const finish = (f: () => void): void => {
       if (done) return;
       done = true;
-      clearTimeout(timer);
+      timer.clear();
       signal?.removeEventListener("abort", onAbort);
       f();
     };

@@ -39,6 +39,10 @@ export class Connection {
   isReady = false;
   closed = false;
   closeReason = "";
+  /** When it became ready (monotonic ms), 0 until then. */
+  readyAt = 0;
+  /** When it closed (monotonic ms), 0 while open. */
+  closedAt = 0;
   /** Called once when the connection closes (after it was ready or not). */
   onClose: ((conn: Connection) => void) | null = null;
   /** Keys with an outstanding `A` / `O` on this connection (at most one each). */
@@ -83,6 +87,7 @@ export class Connection {
         () => {
           if (this.closed) return;
           this.isReady = true;
+          this.readyAt = monotonic();
           if (this.readyTimer) clearTimeout(this.readyTimer);
           this.readyTimer = null;
           resolveReady();
@@ -107,6 +112,7 @@ export class Connection {
     });
     this.socket.on("close", () => {
       this.closed = true;
+      this.closedAt = monotonic();
       if (this.readyTimer) clearTimeout(this.readyTimer);
       this.readyTimer = null;
       if (!this.closeReason) this.closeReason = "connection closed";

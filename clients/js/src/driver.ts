@@ -17,13 +17,23 @@ import type * as tls from "node:tls";
 import { Client, connect } from "./client.js";
 import { CancelledError, LockServiceError } from "./errors.js";
 import type { Leadership, Lock } from "./lock.js";
+import { rawMembers } from "./rawjson.js";
 import type { Share } from "./wire.js";
 
 const USAGE = "usage: driver --addrs HOST:PORT[,HOST:PORT...] [--name NAME] [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]";
 /** At close, held locks are released and withdrawals settle within this. */
 const CLOSE_WITHIN_MS = 5000;
 
-type Id = number | string | null;
+/**
+ * A command's id (or a cancel's target): `text` is its JSON text as given,
+ * echoed verbatim (an integer beyond 2^53 keeps every digit), `key` finds
+ * it (the same integer written alike or not, the same string).
+ */
+interface Id {
+  text: string;
+  key: string;
+}
+const NULL_ID: Id = { text: "null", key: "null" };
 type Json = Record<string, unknown>;
 
 function badArguments(message: string): never {
@@ -135,9 +145,12 @@ class Driver {
     this.client = client;
   }
 
-  write(object: Json): void {
+  /** Writes one line: `object`, after `"id":<id as given>` when `id` is given. */
+  write(object: Json, id?: Id): void {
+    let text = JSON.stringify(object);
+    if (id !== undefined) text = text === "{}" ? `{"id":${id.text}}` : `{"id":${id.text},${text.slice(1)}`;
     try {
-      process.stdout.write(`${JSON.stringify(object)}\n`);
+      process.stdout.write(`${text}\n`);
     } catch {
       // stdout gone: nothing to tell anyone.
     }
@@ -150,18 +163,18 @@ class Driver {
     try {
       command = JSON.parse(text);
     } catch {
-      this.write({ id: null, ok: false, error: "bad_command", message: "not JSON" });
+      this.write({ ok: false, error: "bad_command", message: "not JSON" }, NULL_ID);
       return;
     }
     if (typeof command !== "object" || command === null || Array.isArray(command)) {
-      this.write({ id: null, ok: false, error: "bad_command", message: "a command is a JSON object" });
+      this.write({ ok: false, error: "bad_command", message: "a command is a JSON object" }, NULL_ID);
       return;
     }
     const c = command as Json;
-    const rawId = c["id"];
-    const id: Id = (typeof rawId === "number" && Number.isInteger(rawId)) || typeof rawId === "string" ? (rawId as Id) : null;
+    const raw = rawMembers(text);
+    const id = idOf(c["id"], raw?.get("id"));
     if (id === null) {
-      this.write({ id: null, ok: false, error: "bad_command", message: "missing or bad id (an integer or a string)" });
+      this.write({ ok: false, error: "bad_command", message: "missing or bad id (an integer or a string)" }, NULL_ID);
       return;
     }
     const op = c["op"];
@@ -184,7 +197,7 @@ class Driver {
           run = this.renew(c);
           break;
         case "cancel":
-          this.cancel(id, c);
+          this.cancel(id, c, raw?.get("target"));
           return;
         case "observe":
           run = this.observe(c);
@@ -204,8 +217,8 @@ class Driver {
           throw new BadCommand(`unknown op ${JSON.stringify(op)}`);
       }
     } catch (error) {
-      if (error instanceof BadCommand) this.write({ id, ok: false, error: "bad_command", message: error.message });
-      else this.write({ id, ok: false, error: errorCode(error), message: (error as Error).message });
+      if (error instanceof BadCommand) this.write({ ok: false, error: "bad_command", message: error.message }, id);
+      else this.write({ ok: false, error: errorCode(error), message: (error as Error).message }, id);
       return;
     }
     this.start(id, op as string, run, cancellable);
@@ -214,7 +227,7 @@ class Driver {
   private start(id: Id, op: string, run: (signal: AbortSignal) => Promise<Json>, cancellable: boolean): void {
     const controller = new AbortController();
     const entry: Entry = { id, op, finished: false, controller: cancellable ? controller : null, done: Promise.resolve() };
-    const key = JSON.stringify(id);
+    const key = id.key;
     this.entries.set(key, entry);
     entry.done = (async () => {
       let result: Json;
@@ -229,7 +242,7 @@ class Driver {
       }
       if (!entry.finished) {
         entry.finished = true;
-        this.write({ id, ...result });
+        this.write(result, id);
       }
       if (this.entries.get(key) === entry) this.entries.delete(key);
     })();
@@ -344,20 +357,20 @@ class Driver {
     };
   }
 
-  private cancel(id: Id, c: Json): void {
-    const target = c["target"];
-    if (!((typeof target === "number" && Number.isInteger(target)) || typeof target === "string")) {
-      this.write({ id, ok: false, error: "bad_command", message: 'field "target" must be an integer or a string' });
+  private cancel(id: Id, c: Json, rawTarget: string | undefined): void {
+    const target = idOf(c["target"], rawTarget);
+    if (target === null) {
+      this.write({ ok: false, error: "bad_command", message: 'field "target" must be an integer or a string' }, id);
       return;
     }
-    const entry = this.entries.get(JSON.stringify(target));
+    const entry = this.entries.get(target.key);
     if (entry === undefined || entry.finished || entry.controller === null) {
-      this.write({ id, ok: false, error: "unknown_target", message: `no pending acquire, observe or campaign ${JSON.stringify(target)}` });
+      this.write({ ok: false, error: "unknown_target", message: `no pending acquire, observe or campaign ${target.text}` }, id);
       return;
     }
     entry.controller.abort();
     void entry.done.then(() => {
-      if (!this.closing) this.write({ id, ok: true });
+      if (!this.closing) this.write({ ok: true }, id);
     });
   }
 
@@ -368,7 +381,7 @@ class Driver {
     const pending = [...this.entries.values()].filter((e) => !e.finished);
     for (const entry of pending) {
       entry.finished = true;
-      this.write({ id: entry.id, ok: false, error: "cancelled", message: "the driver is closing" });
+      this.write({ ok: false, error: "cancelled", message: "the driver is closing" }, entry.id);
       entry.controller?.abort();
     }
     const work: Array<Promise<unknown>> = pending.map((e) => e.done);
@@ -376,9 +389,39 @@ class Driver {
     for (const set of this.leaderships.values()) for (const l of set) work.push(l.resign().catch(() => {}));
     await within(Promise.all(work).then(() => {}), CLOSE_WITHIN_MS);
     await within(this.client.close(), 1000);
-    if (id !== undefined) this.write({ id, ok: true });
+    if (id !== undefined) this.write({ ok: true }, id);
     process.exit(0);
   }
+}
+
+/**
+ * The id (or target) `value` as parsed, `raw` its JSON text: a string, or
+ * an integer (exact, however large); null for anything else.
+ */
+function idOf(value: unknown, raw: string | undefined): Id | null {
+  if (typeof value === "string") return { text: JSON.stringify(value), key: `s${value}` };
+  if (typeof value !== "number" || !Number.isFinite(value) || raw === undefined) return null;
+  const integer = exactInteger(raw);
+  return integer === null ? null : { text: raw, key: `n${integer}` };
+}
+
+/** The integer a JSON number's text means, in decimal, or null when it is not an integer. */
+function exactInteger(text: string): string | null {
+  const m = /^(-?)([0-9]+)(?:\.([0-9]+))?(?:[eE]([+-]?[0-9]+))?$/.exec(text);
+  if (m === null) return null;
+  const fraction = m[3] ?? "";
+  let digits = (m[2]! + fraction).replace(/^0+(?=[0-9])/, "");
+  const exponent = Number(m[4] ?? "0") - fraction.length;
+  if (!Number.isSafeInteger(exponent) || exponent > 400) return null;
+  if (exponent >= 0) digits += "0".repeat(exponent);
+  else {
+    const cut = digits.length + exponent;
+    const dropped = cut > 0 ? digits.slice(cut) : digits;
+    if (!/^0*$/.test(dropped)) return null;
+    digits = cut > 0 ? digits.slice(0, cut) : "0";
+  }
+  const value = BigInt(digits);
+  return (m[1] === "-" ? -value : value).toString();
 }
 
 function errorCode(error: unknown): string {

@@ -7,6 +7,7 @@ import { EventEmitter } from "node:events";
 import { monotonic } from "./connection.js";
 import { LockLostError, StaleError } from "./errors.js";
 import type { Pool } from "./pool.js";
+import type { Timer } from "./timer.js";
 
 /** What a {@link Lock} needs from its client. */
 export interface LockOwner {
@@ -55,9 +56,9 @@ export class Lock extends EventEmitter {
   /** @internal */
   keepAliveOn = false;
   /** @internal */
-  renewTimer: NodeJS.Timeout | null = null;
+  renewTimer: Timer | null = null;
   /** @internal */
-  expiryTimer: NodeJS.Timeout | null = null;
+  expiryTimer: Timer | null = null;
   /** @internal */
   lastRenewError: string | null = null;
   private released_ = false;
@@ -161,14 +162,14 @@ export class Lock extends EventEmitter {
   /** Stops renewing automatically. */
   stopKeepAlive(): void {
     this.keepAliveOn = false;
-    if (this.renewTimer !== null) clearTimeout(this.renewTimer);
+    this.renewTimer?.clear();
     this.renewTimer = null;
   }
 
   /** @internal marks the lock lost and tells its listeners once. */
   markLost(reason: string): void {
     this.stopKeepAlive();
-    if (this.expiryTimer !== null) clearTimeout(this.expiryTimer);
+    this.expiryTimer?.clear();
     this.expiryTimer = null;
     this.owner.forgetLock(this);
     if (this.lostError_ !== null || this.released_) return;

@@ -8,6 +8,7 @@ import type * as tls from "node:tls";
 
 import { Connection, monotonic } from "./connection.js";
 import { NoConnectionError } from "./errors.js";
+import { later } from "./timer.js";
 import { parseAddress, type Address } from "./wire.js";
 
 /** Reconnection attempts are this far apart. */
@@ -35,13 +36,13 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
       return;
     }
     const onAbort = (): void => {
-      clearTimeout(timer);
+      timer.clear();
       reject(signal!.reason);
     };
-    const timer = setTimeout(() => {
+    const timer = later(() => {
       signal?.removeEventListener("abort", onAbort);
       resolve();
-    }, Math.max(0, ms));
+    }, ms);
     signal?.addEventListener("abort", onAbort, { once: true });
   });
 }
@@ -403,16 +404,16 @@ export class Pool {
         resolve: () => settle(() => resolve()),
         reject: (e) => settle(() => reject(e)),
       };
-      const timer = setTimeout(() => {
+      const timer = later(() => {
         this.upWaiters.delete(waiter);
         settle(() => reject(new NoConnectionError(`no connection to ${this.homes.map((h) => h.text).join(", ")} in time (last error: ${this.lastError()})`)));
-      }, Math.max(0, until - monotonic()));
+      }, until - monotonic());
       const onAbort = (): void => {
         this.upWaiters.delete(waiter);
         settle(() => reject(signal!.reason));
       };
       const settle = (f: () => void): void => {
-        clearTimeout(timer);
+        timer.clear();
         signal?.removeEventListener("abort", onAbort);
         f();
       };

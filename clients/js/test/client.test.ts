@@ -250,7 +250,74 @@ describe("acquire", { concurrency: true }, () => {
       return false;
     };
     await assert.rejects(client.acquire("doomed", { lease: 5, wait: 3 }), NoConnectionError);
-    assert.equal(fake.linesMatching(/^A doomed /).length, 2);
+    // The two first connections drop in one moment: one try (the node
+    // could have died); a connection made after it is the second.
+    const sent = fake.linesMatching(/^A doomed /);
+    assert.equal(sent.length, 3);
+    assert.equal(new Set(sent.map((r) => r.conn.id)).size, 3);
+  });
+
+  for (const what of ["acquire", "observe"] as const) {
+    test(`the connections of a node that dies together are one try: a pending ${what} goes on`, async (t) => {
+      const { fake, client } = await fakeAndClient(t);
+      const prefix = what === "acquire" ? "A died " : "O died ";
+      // The node dies when the request arrives: its connections drop, the
+      // second a moment after the first (the client re-sends on it before
+      // it sees that drop). Connections made after that are served.
+      let dead = false;
+      let victims: FakeConn[] = [];
+      fake.hook = (c, line) => {
+        if (!line.startsWith(prefix)) return false;
+        if (victims.includes(c)) return true;
+        if (dead) return false;
+        dead = true;
+        victims = [...fake.live];
+        c.destroy();
+        for (const other of victims) if (other !== c) setTimeout(() => other.destroy(), 30);
+        return true;
+      };
+      if (what === "acquire") {
+        const lock = await client.acquire("died", { lease: 5, wait: 0 });
+        assert.equal(fake.model.newest("died").token.toString(), lock.token);
+        await lock.release();
+      } else {
+        const pending = client.observeOnce("died", "0", 0);
+        await waitFor(() => victims.length > 0 && victims.every((v) => v.closed) && fake.live.length > 0, 5000, "the node back");
+        await waitFor(() => fake.linesMatching(/^O died /).some((r) => !victims.includes(r.conn)), 5000, "the observe re-sent");
+        const token = fake.model.grantTo("died", "w#1");
+        const state = await pending;
+        assert.equal(state.token, token.toString());
+      }
+      const sent = fake.linesMatching(new RegExp(`^${prefix}`));
+      assert.ok(sent.length >= 2 && sent.some((r) => !victims.includes(r.conn)), sent.map((r) => `${r.conn.id}: ${r.line}`).join(", "));
+    });
+  }
+
+  test("waits and leases beyond 24.8 days (a 32-bit millisecond timer) do not end early", async (t) => {
+    const { fake, client } = await fakeAndClient(t);
+    fake.model.grantTo("long", "other#1");
+    const long = 2_500_000; // seconds: 2.5e9 ms > 2^31-1
+    const events: string[] = [];
+    const waiting = client.acquire("long", { lease: 5, wait: long }).then(
+      (lock) => (events.push("granted"), lock),
+      (e: unknown) => (events.push(`acquire failed: ${String(e)}`), null),
+    );
+    const observing = client.observeOnce("long", fake.model.newest("long").token, long).then(
+      () => events.push("observed"),
+      (e: unknown) => events.push(`observe failed: ${String(e)}`),
+    );
+    const kept = await client.acquire("kept", { lease: long, wait: long, keepalive: true });
+    const plain = await client.acquire("plain", { lease: long, wait: 5 });
+    for (const lock of [kept, plain]) lock.on("lost", (e) => events.push(`lost ${lock.key}: ${e.message}`));
+    await sleep(500);
+    assert.deepEqual(events, []);
+    assert.equal(kept.validFor > long - 10, true);
+    assert.equal(fake.linesMatching(/^N kept /).length, 0, "no renewal yet");
+    fake.model.releaseToken("long", fake.model.newest("long").token);
+    const lock = await waiting;
+    await observing;
+    assert.deepEqual(events.sort(), ["granted", "observed"]);
+    for (const l of [lock!, kept, plain]) await l.release();
   });
 
   test("a node that never answers: an acquire with a wait ends at most 3 s after the wait", async (t) => {
@@ -591,6 +658,36 @@ describe("observe and elections", { concurrency: true }, () => {
     assert.equal(nobody.value, null);
     assert.equal(nobody.token, "0");
     await waitFor(() => fake.live.every((c: FakeConn) => c.name === null || !c.name.startsWith("10.0.0.7:80#")), 3000, "the campaign's connections closed");
+  });
+
+  test("a cancelled campaign whose grant crossed the withdrawal: its connection stays open until the grant is released", async (t) => {
+    const { fake, client } = await fakeAndClient(t);
+    let answer: (() => void) | null = null;
+    fake.hook = (c, line) => {
+      if (line.startsWith("A crossed ")) return true; // granted, its answer on its way
+      if (line === "C crossed") {
+        // The grant and then the withdrawal's answer arrive a moment later.
+        answer = () => {
+          c.send("A crossed 4243");
+          c.send("C crossed NONE");
+        };
+        return true;
+      }
+      return false;
+    };
+    const controller = new AbortController();
+    const pending = client.campaign("crossed", "cand", { signal: controller.signal });
+    const sent = await fake.waitLine((l) => l.startsWith("A crossed "));
+    controller.abort();
+    const error = (await pending.catch((e: unknown) => e)) as CancelledError;
+    assert.ok(error instanceof CancelledError, String(error));
+    await fake.waitLine((l) => l === "C crossed");
+    await sleep(300);
+    assert.equal(sent.conn.closed, false, "the candidacy's connection waits for the answers");
+    answer!();
+    await error.settled;
+    assert.deepEqual(wire(fake, /^(C|R) crossed/), ["C crossed", "R crossed 4243"]);
+    await waitFor(() => sent.conn.closed, 5000, "the candidacy's connection closed once settled");
   });
 
   test("a second candidate waits; aborting its campaign withdraws it", async (t) => {

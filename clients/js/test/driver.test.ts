@@ -65,6 +65,27 @@ describe("driver commands", { concurrency: true }, () => {
     assert.match(fake.received[0]!.line, /^I drv#[0-9a-f]{12}$/);
   });
 
+  test("ids beyond 2^53 (and cancel targets) are echoed exactly as given", async (t) => {
+    const { fake, driver } = await driverAndFake(t);
+    fake.model.grantTo("big", "other#1");
+    driver.send('{"id":9007199254740993,"op":"acquire","key":"big","lease":30,"wait":0}');
+    await fake.waitLine((l) => l.startsWith("A big "));
+    // 9007199254740992 is the same float64: it must not find the acquire.
+    driver.send('{"id":1,"op":"cancel","target":9007199254740992}');
+    driver.send('{"id":12345678901234567890123,"op":"cancel","target":9007199254740993}');
+    await driver.next((o) => o["id"] === 1);
+    await driver.next((o) => o["ok"] === true && typeof o["id"] === "number" && o["id"] > 1e22);
+    const raw = (id: string): string | undefined => driver.raw.find((line) => line.startsWith(`{"id":${id},`));
+    assert.match(raw("1") ?? "", /"error":"unknown_target"/);
+    assert.match(raw("9007199254740993") ?? "", /"error":"cancelled"/);
+    assert.equal(raw("12345678901234567890123"), '{"id":12345678901234567890123,"ok":true}');
+    assert.equal(raw("9007199254740992"), undefined);
+    driver.send('{"id":-7,"op":"nope"}');
+    driver.send('{"id":2.5,"op":"nope"}');
+    await driver.next((o) => o["id"] === -7);
+    await driver.next((o) => o["id"] === null);
+  });
+
   test("commands run concurrently: results in completion order", async (t) => {
     const { driver } = await driverAndFake(t);
     driver.send({ id: 1, op: "acquire", key: "c", lease: 30, wait: 5 });

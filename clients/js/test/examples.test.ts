@@ -24,12 +24,10 @@ test("every example is in the README verbatim, and every example is tested", () 
 });
 
 describe("the examples run against the fake node", { concurrency: true }, () => {
-  let fake: FakeServer;
   let certs: Certs;
   let tlsFake: FakeServer;
 
   before(async () => {
-    fake = await FakeServer.start();
     certs = makeCerts();
     tlsFake = await FakeServer.start({
       tls: {
@@ -43,17 +41,19 @@ describe("the examples run against the fake node", { concurrency: true }, () => 
   });
 
   after(async () => {
-    await fake.close();
     await tlsFake.close();
     fs.rmSync(certs.dir, { recursive: true, force: true });
   });
 
   for (const [name, patterns] of Object.entries(EXPECT)) {
-    test(name, async () => {
+    test(name, async (t) => {
+      // A fake of its own: examples running at once use the same keys.
+      const own = name === "tls" ? null : await FakeServer.start();
+      if (own !== null) t.after(() => own.close());
       const env: Record<string, string> =
-        name === "tls"
+        own === null
           ? { LOCKSERVICE_ADDR: tlsFake.address, LOCKSERVICE_CA: certs.ca, LOCKSERVICE_CERT: certs.clientCert, LOCKSERVICE_KEY: certs.clientKey }
-          : { LOCKSERVICE_ADDR: fake.address };
+          : { LOCKSERVICE_ADDR: own.address };
       const result = await runExample(name, env);
       assert.equal(result.code, 0, `exit ${result.code}: ${result.stderr}`);
       for (const p of patterns) assert.match(result.stdout, p);

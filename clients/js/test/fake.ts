@@ -10,6 +10,9 @@
 import * as net from "node:net";
 import * as tls from "node:tls";
 
+/** The longest delay a `setTimeout` holds; the fake never runs out a longer wait or lease. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 export interface Received {
   conn: FakeConn;
   line: string;
@@ -340,7 +343,7 @@ export class Model {
         }
         const wait = Number(f[3] ?? "0");
         const observer: Observer = { conn, key, token, timer: null };
-        if (wait > 0) {
+        if (wait > 0 && wait * 1000 <= MAX_TIMER_MS) {
           observer.timer = setTimeout(() => {
             this.observers.delete(observer);
             const now = this.newest(key);
@@ -377,7 +380,7 @@ export class Model {
       this.grant(key, state, waiter);
       return;
     }
-    if (wait > 0) {
+    if (wait > 0 && wait * 1000 <= MAX_TIMER_MS) {
       waiter.timer = setTimeout(() => {
         const at = state!.queue.indexOf(waiter);
         if (at >= 0) state!.queue.splice(at, 1);
@@ -409,7 +412,8 @@ export class Model {
   }
 
   private leaseTimer(key: string, token: bigint, lease: number): NodeJS.Timeout | null {
-    if (!this.expire) return null;
+    // (A lease longer than a timer holds never runs out here.)
+    if (!this.expire || lease * 1000 > MAX_TIMER_MS) return null;
     return setTimeout(() => {
       const state = this.keys.get(key);
       const grant = state?.grants.get(token);

@@ -5,6 +5,8 @@ import { test } from "node:test";
 
 import { VERSION } from "../dist/index.js";
 import { ROOT } from "./helpers.js";
+import { rawMembers } from "../dist/rawjson.js";
+import { MAX_TIMER_MS, later } from "../dist/timer.js";
 import { checkToken, formatSeconds, keyProblem, pairOf, parseAddress, shareField, valueOfName } from "../dist/wire.js";
 
 test("VERSION is 0.2.0, as in package.json", async () => {
@@ -101,4 +103,32 @@ test("addresses and names", () => {
   assert.equal(valueOfName("web-1#0123456789ab"), "web-1");
   assert.equal(valueOfName("a#b#0123456789ab"), "a#b");
   assert.equal(valueOfName("plain"), "plain");
+});
+
+test("timers hold delays beyond 2^31-1 ms (24.8 days) and fire short ones on time", async () => {
+  const fired: string[] = [];
+  const long = later(() => fired.push("long"), MAX_TIMER_MS + 1000);
+  const days29 = later(() => fired.push("29 days"), 29 * 86400 * 1000);
+  const huge = later(() => fired.push("1e24 ms"), 1e24);
+  const never = later(() => fired.push("never"), Infinity);
+  const cleared = later(() => fired.push("cleared"), 10);
+  cleared.clear();
+  later(() => fired.push("short"), 20);
+  await new Promise((resolve) => setTimeout(resolve, 200));
+  assert.deepEqual(fired, ["short"]);
+  for (const timer of [long, days29, huge, never]) timer.clear();
+});
+
+test("the raw text of each member of a JSON object (ids beyond 2^53 kept exactly)", () => {
+  const text = '{ "id" : 9007199254740993 , "op":"x","n":{"id":1,"a":[1,{"b":"}"}]},"s":"a\\"b","\\u0069d2":-1.5e3, "t":true}';
+  const members = rawMembers(text)!;
+  assert.equal(members.get("id"), "9007199254740993");
+  assert.equal(members.get("op"), '"x"');
+  assert.equal(members.get("n"), '{"id":1,"a":[1,{"b":"}"}]}');
+  assert.equal(members.get("s"), '"a\\"b"');
+  assert.equal(members.get("id2"), "-1.5e3");
+  assert.equal(members.get("t"), "true");
+  assert.equal(rawMembers('{"id":1,"id":2}')!.get("id"), "2", "the last of duplicates, as JSON.parse");
+  assert.equal(rawMembers("[1]"), null);
+  assert.deepEqual([...rawMembers("{}")!], []);
 });
