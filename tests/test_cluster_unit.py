@@ -1150,3 +1150,32 @@ def test_refused_handshakes_are_counted_and_logged_once_per_source_and_reason() 
     assert lab.cluster.links.refusedHandshakes == 52
     refusals = [e for e in logged if "refused a peer handshake" in e.get("log_format", "")]
     assert len(refusals) == 3
+
+
+def test_a_peer_that_subscribed_before_this_node_led_is_sent_its_state_again() -> None:
+    """
+    A standby (node 0 here) is asked for its state by a peer whose
+    heartbeats ran ahead of its promotion: the snapshot of a standby's
+    copy.  Once it leads, that early snapshot must not count as in sync
+    (a handoff to that peer would let it take over with its own older
+    copy: a release answered OK came back so in the chaos suite); it is
+    sent the leader's state again.
+    """
+    lab = Lab()
+    lab.cluster.setRole(STANDBY)
+    early = lab.link(1, outbound=False)
+    lab.hear(early, b"SYNC")
+    producer = early.snapshot
+    while producer is not None and not producer.stopped:
+        producer.resumeProducing()
+    lines(early)
+    assert early.synced
+    lab.cluster.term = NOW_US
+    lab.cluster.setRole(ACTIVE)
+    assert not early.synced
+    sent = lines(early)
+    assert sent and sent[0].startswith(b"SNAP "), sent
+    producer = early.snapshot
+    while producer is not None and not producer.stopped:
+        producer.resumeProducing()
+    assert lines(early)[-1] == b"SNAPEND" and early.synced

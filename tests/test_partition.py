@@ -378,8 +378,18 @@ def test_a_release_answered_while_a_standby_was_cut_off_one_way_is_never_undone(
             for key in keys:
                 with LineClient(node.port, host=node.host) as c:
                     answer = c.ask(b"A " + key + b" 5 0.5", timeout=10)
-                assert answer.startswith(b"A " + key + b" "), (node.name, answer)
+                    assert answer.startswith(b"A " + key + b" "), (node.name, answer)
+                    assert c.ask(b"R " + key + b" " + answer.split()[2]).endswith(b" OK")
         assert first
+        # Then node1 (first in priority) takes over by handoff once it has
+        # the active's state: the releases stay released there too (a copy
+        # of its own from before the cut must not come back with it).
+        waitFor(lambda: role(nodes[1]) == "active", 30, interval=0.05,
+                what="node1 active after the handoff")
+        for key in keys:
+            with LineClient(nodes[1].port, host=nodes[1].host) as c:
+                answer = c.ask(b"A " + key + b" 5 0.5", timeout=10)
+            assert answer.startswith(b"A " + key + b" "), ("node1 after the handoff", answer)
     finally:
         if failure == "stop":
             nodes[0].signal(signal.SIGCONT)

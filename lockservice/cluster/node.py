@@ -467,11 +467,25 @@ class Cluster(Service):
         gate = self.servingGate
         if role == ACTIVE and self.role != ACTIVE:
             gate.becameActive(self.clock.seconds())
+            if self.role != HANDING_OFF:
+                self._snapshotAgain()
         if role not in (ACTIVE, HANDING_OFF) and self.role in (ACTIVE, HANDING_OFF):
             self.stream.leadNoMore()
         # Frozen until every live peer receives our stream (see gate).
         gate.serving = role == ACTIVE and not self.unsubscribed()
         self._enter(stateOf(role, gate))
+
+    def _snapshotAgain(self) -> None:
+        """
+        We lead from now on: a peer that subscribed to us before (it asked
+        for our state while we were a standby, on a heartbeat that ran
+        ahead of our promotion) is sent our state again, as it is now.  Its
+        earlier snapshot would otherwise count as in sync for a handoff,
+        and the peer could take over with the copy it had before.
+        """
+        for channel in list(self.links.inbound.values()):
+            if channel.synced or channel.snapshot is not None:
+                self.stream.startSnapshot(channel)
 
     def _enter(self, state: str) -> None:
         """
