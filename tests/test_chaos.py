@@ -48,7 +48,7 @@ def test_short_chaos_run_passes_every_checker() -> None:
     kinds = ["kill9-active", "sigstop-active", "sigint-active", "kill9-client",
              "proxy-cut", "proxy-stall"]
     if netns.unavailable() is None:
-        kinds += ["peer-cut", "client-cut", "asym-cut", "peer-reset"]
+        kinds += ["peer-cut", "client-cut", "asym-cut", "peer-reset", "oneway-kill"]
     else:
         assert "network faults skipped:" in report
     for kind in kinds:

@@ -144,6 +144,7 @@ class Chaos:
             "dead_waiters_not_withdrawn": checkAbandonedWaiters(h),
             "promotions_after_link_resets": h.resetPromotions,
             "handoff_locks_lost": h.handoffLost,
+            "answered_releases_undone": h.releasesUndone,
         }
         faults: Dict[str, int] = {}
         for f in h.faults:

@@ -24,7 +24,7 @@ from lockservice.verify.rig import Rig
 VICTIM_LEASE = 3.0
 FAULT_KINDS = ["kill9-active", "sigstop-active", "sigint-active", "kill9-client",
                "proxy-cut", "proxy-stall"]
-NET_FAULT_KINDS = ["peer-cut", "client-cut", "asym-cut", "peer-reset"]
+NET_FAULT_KINDS = ["peer-cut", "client-cut", "asym-cut", "peer-reset", "oneway-kill"]
 
 
 class _Victim(ProcessProtocol):
@@ -95,6 +95,8 @@ class Faults:
         elif kind == "proxy-cut":
             proxy = self.busiestProxy()
             fault.detail = f"cut {proxy.cutAll()} links"
+        elif kind == "oneway-kill":
+            await self.oneWayCutThenKill(fault)
         elif kind in NET_FAULT_KINDS:
             await self.networkFault(kind, fault)
         elif kind == "proxy-stall":
@@ -105,6 +107,46 @@ class Faults:
             fault.windowEnd = now() + 0.5
             fault.detail = f"stalled {len(proxy.links)} links for 1 s"
         self.log(f"  fault {kind:15} {fault.detail}")
+
+    async def oneWayCutThenKill(self, fault: Fault) -> None:
+        """
+        What the active sends one standby is dropped (one way) for longer
+        than the peer timeout; the probe releases locks meanwhile (answered
+        OK, replicated to the other standby); the active is killed and the
+        cut heals.  Whoever serves next must hold none of those keys: an
+        answered release is never undone.
+        """
+        lab = self.rig.lab
+        assert lab is not None
+        node = await self.rig.activeNode()
+        nodes = self.rig.cluster.nodes
+        i = nodes.index(node)
+        cut = (i + 1) % len(nodes)
+        keys = [f"oneway/{len(self.history.faults)}/{j}" for j in range(3)]
+        locks = [await self.rig.probe.acquire(key, 60, 15) for key in keys]
+        await self.rig.sleep(0.5)  # replicated to both standbys
+        await deferToThread(lab.dropOneWay, i, cut)
+        try:
+            await self.rig.sleep(1.3)
+            for lock in locks:
+                await self.rig.probe.release(lock)
+            await self.rig.sleep(0.3)  # the releases reach the standby still linked
+            fault.start = now()
+            node.kill()
+        finally:
+            await deferToThread(lab.heal)
+        undone = 0
+        for key in keys:
+            try:
+                await self.rig.timedGrant(key, wait=5 + 2)
+            except Exception:
+                undone += 1
+        self.history.releasesUndone += undone
+        fault.windowEnd = now() + 1.0
+        fault.detail = (f"{node.name} -> {nodes[cut].name} dropped, {node.name} killed: "
+                        f"{undone} of {len(keys)} answered releases undone")
+        await self.rig.restart(node)
+        await self.rig.refreshSentinels(checkLost=False)
 
     async def networkFault(self, kind: str, fault: Fault) -> None:
         lab = self.rig.lab

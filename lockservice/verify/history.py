@@ -63,6 +63,7 @@ class History:
     resetPromotions: int = 0
     handoffChecks: int = 0
     handoffLost: int = 0
+    releasesUndone: int = 0
     staleReleases: int = 0
     failedReleases: int = 0
 
