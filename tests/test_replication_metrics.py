@@ -6,6 +6,8 @@ one's acknowledgement (median, 99th percentile).
 
 from __future__ import annotations
 
+from typing import Any
+
 from lockservice.server.metrics import Metrics
 from lockservice.server.webpages import status
 from tests.support.cluster import Lab, activeWithFollower, lines
@@ -18,9 +20,10 @@ def test_status_and_metrics_show_the_standbys_in_sync_and_the_ack_wait() -> None
         "ack_wait_p99_ms": None}
     follower = activeWithFollower(lab)
     lab.client()
+    protocol: Any = lab.protocol
     for wait in (0.002, 0.002, 0.010):
         assert lab.ask(b"P x") == b"P x\n"  # nothing changed: nothing waits
-        lab.protocol.dataReceived(b"A k 30 0\n")
+        protocol.dataReceived(b"A k 30 0\n")
         lab.clock.advance(0)
         position = lines(follower, positions=True)[-1].split()[1]
         lab.clock.advance(wait)
