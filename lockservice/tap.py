@@ -94,6 +94,9 @@ class Options(usage.Options):
          "Comma-separated host:port of every node, highest priority first."],
         ["node", None, None, "This node's entry in --peers (inferred when unambiguous)."],
         ["secret", None, None, "File holding the shared secret peers must prove."],
+        ["accept-secret", None, None,
+         "File holding another secret peers may prove, besides --secret: to rotate the "
+         "secret one node at a time (docs/operations.md)."],
         ["http", None, None, "Endpoint for the HTTP status/metrics server (off by default)."],
         ["tls-cert", None, None,
          "PEM certificate (chain) of this node: the client port and peer links speak TLS."],
@@ -237,6 +240,9 @@ class Options(usage.Options):
             raise usage.UsageError(
                 "--peers needs --secret FILE: peers must prove a shared secret"
             )
+        if self["accept-secret"] is not None and self["secret"] is None:
+            raise usage.UsageError("--accept-secret needs --secret FILE (the secret this node "
+                                   "proves)")
         _checkEndpoint("listen", self["listen"])
         if self["http"]:
             _checkEndpoint("http", self["http"])
@@ -246,6 +252,9 @@ class Options(usage.Options):
         self["secretBytes"] = b""
         if self["secret"] is not None:
             self["secretBytes"] = self._secret("--secret", self["secret"])
+        self["acceptSecretBytes"] = []
+        if self["accept-secret"] is not None:
+            self["acceptSecretBytes"] = [self._secret("--accept-secret", self["accept-secret"])]
         self["adminSecretBytes"] = None
         if self["admin-secret"] is not None:
             self["adminSecretBytes"] = self._secret("--admin-secret", self["admin-secret"])
@@ -561,7 +570,8 @@ def _openState(config: Options, locks: LockService, cluster: Optional["Cluster"]
 
     peers: List[str] = config["peerList"]
     directory = StateDir(config["state-dir"], clusterIdentity(config["secretBytes"], peers),
-                         config["self"] or "")
+                         config["self"] or "",
+                         [clusterIdentity(s, peers) for s in config["acceptSecretBytes"]])
     state = NodeState(directory, wallMicros,
                       (lambda: cluster.maxTerm) if cluster is not None else (lambda: 0))
     try:
@@ -635,6 +645,7 @@ def makeService(config: Options) -> IService:
             peers=config["peerList"],
             me=config["self"],
             secret=config["secretBytes"],
+            acceptSecrets=config["acceptSecretBytes"],
             heartbeat=config["heartbeat"],
             peerTimeout=config["peer-timeout"],
             replication=config["replication"],

@@ -75,6 +75,7 @@ EXAMPLES: Dict[str, Any] = {
 NEEDS = {
     "peers": ["--node", "127.0.0.1:7801", "--secret", "SECRET"],
     "node": ["--peers", "127.0.0.1:7801,127.0.0.1:7802", "--secret", "SECRET"],
+    "accept-secret": ["--secret", "SECRET"],
 }
 
 
@@ -94,7 +95,7 @@ def test_every_option_is_a_key() -> None:
 
 @pytest.mark.parametrize("name", sorted(config.settings(Options)))
 def test_a_key_means_what_its_option_means(name: str, tmp_path: Path, files: Dict) -> None:  # type: ignore[type-arg]
-    if name in ("secret", "admin-secret"):
+    if name in ("secret", "admin-secret", "accept-secret"):
         fileValue = cliValue = files["secret"]
     elif name.startswith("tls-"):
         from lockservice.testing.certs import TestCA as CA
@@ -114,7 +115,8 @@ def test_a_key_means_what_its_option_means(name: str, tmp_path: Path, files: Dic
     fromFile = parse(["--config", write(tmp_path, toml)] + needs)
     fromLine = parse([f"--{name}", str(cliValue)] + needs)
     assert fromFile[name] == fromLine[name] and fromFile[name] is not None
-    for key in ("listen", "peerList", "self", "secretBytes", "adminSecretBytes"):
+    for key in ("listen", "peerList", "self", "secretBytes", "adminSecretBytes",
+                "acceptSecretBytes"):
         assert fromFile[key] == fromLine[key]
 
 
@@ -144,7 +146,7 @@ def test_the_command_line_wins_over_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text, key, what", [
     ("max_keys = 5\n", "max_keys", "unknown key (did you mean 'max-keys'?)"),
-    ("colour = 'red'\n", "colour", "unknown key (known keys: admin-secret"),
+    ("colour = 'red'\n", "colour", "unknown key (known keys: accept-secret, admin-secret"),
     ("config = 'x.toml'\n", "config", "unknown key"),
     ("[node]\nx = 1\n", "node", "must be a string, not a table"),
     ("max-keys = true\n", "max-keys", "must be a number (or a string), not a boolean"),

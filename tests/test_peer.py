@@ -28,12 +28,14 @@ PEERS = [b"10.0.0.1:7701", b"10.0.0.2:7702", b"10.0.0.3:7703"]
 class Owner:
     log = Logger()
 
-    def __init__(self, me: int, secret: bytes = b"s3cret") -> None:
+    def __init__(self, me: int, secret: bytes = b"s3cret",
+                 accepted: Tuple[bytes, ...] = ()) -> None:
         self.clock = Clock()
         self.peers = PEERS
         self.me = me
         self.myEntry = PEERS[me]
         self.secret = secret
+        self.acceptedSecrets = (secret, *accepted)
         self.up: List[PeerChannel] = []
         self.failed: List[Tuple[int, bool, str]] = []
         self.messages: List[List[bytes]] = []
@@ -113,6 +115,29 @@ def test_a_different_secret_is_a_mismatch_reported_by_the_dialer() -> None:
     assert a.failed == [(1, True, MISMATCH)]
     assert transcript[-1] == b"E * * peer authentication failed"
     assert a.up == b.up == []
+
+
+@pytest.mark.parametrize("first, second", [
+    ((b"old-secret", (b"new-secret",)), (b"old-secret", ())),
+    ((b"old-secret", (b"new-secret",)), (b"new-secret", (b"old-secret",))),
+    ((b"new-secret", (b"old-secret",)), (b"new-secret", ())),
+], ids=["new-accepted-beside-old", "half-rotated", "old-still-accepted"])
+def test_a_secret_rotates_one_node_at_a_time(first, second) -> None:  # type: ignore[no-untyped-def]
+    """
+    Each step of a rotation (accept the new secret, prove with it, drop the
+    old one) leaves every pair of nodes of adjacent steps linked, either
+    way round.
+    """
+    for x, y in ((first, second), (second, first)):
+        a, b = Owner(0, x[0], x[1]), Owner(1, y[0], y[1])
+        outbound, inbound, _ = dial(a, b)
+        assert outbound.authenticated and inbound is not None and inbound.authenticated
+
+
+def test_a_secret_dropped_on_both_sides_no_longer_links() -> None:
+    a, b = Owner(0, b"new-secret"), Owner(1, b"old-secret")
+    outbound, inbound, _ = dial(a, b)
+    assert not outbound.authenticated and a.failed == [(1, True, MISMATCH)]
 
 
 def test_a_bare_welcome_is_refused() -> None:

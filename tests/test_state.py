@@ -462,3 +462,18 @@ def test_shared_grants_survive_a_restart_with_their_share(tmp_path) -> None:  # 
     assert [(key, token, share) for key, token, _, _, share, _, _ in grants] == [
         (b"doc", 11, READ), (b"doc", 12, READ), (b"pool", 13, 3), (b"solo", 15, EXCLUSIVE)]
     assert [expires for _, _, _, expires, *_ in grants] == pytest.approx([20.0, 10.0, 20.0, 20.0])
+
+
+def test_a_file_of_the_secret_being_rotated_out_is_read_and_rewritten_under_the_new(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    peers = ["a:1", "b:2"]
+    old = clusterIdentity(b"old-secret-0123456789", peers)
+    new = clusterIdentity(b"new-secret-0123456789", peers)
+    (tmp_path / "state").write_bytes(encode(State(old, "a:1", mark=77)))
+    with pytest.raises(StateError, match="another cluster"):
+        decode((tmp_path / "state").read_bytes(), new, "a:1")
+    directory = StateDir(str(tmp_path), new, "a:1", [old])
+    state = directory.open()
+    assert state is not None and state.mark == 77 and state.cluster == new
+    directory.write(state)
+    assert decode((tmp_path / "state").read_bytes(), new, "a:1").mark == 77

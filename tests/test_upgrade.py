@@ -13,22 +13,19 @@ import signal
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 from io import BytesIO
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import pytest
 
-from lockservice.client import sync
-from lockservice.client.errors import LockError
 from lockservice.testing.harness import Cluster, Node, probeRole, waitFor
+from tests.support.lockers import Lockers
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCKERS = 6
 
 
 # lockservice 0.1.0: it speaks peer protocol 2 only.
@@ -73,57 +70,6 @@ def runsTree(node: Node, tree: Path) -> bool:
     return out.stdout.strip().startswith(str(tree))
 
 
-class Lockers:
-    """
-    Threads that acquire and release their own key over and over through
-    the client (it follows redirects and failovers), checking that every
-    key's tokens rise and that no answered grant is lost (its release,
-    within its lease, must answer OK).
-    """
-
-    def __init__(self, addresses: str) -> None:
-        self.client = sync.connect(addresses, name="upgrade")
-        self.stop = threading.Event()
-        self.grants = 0
-        self.released = 0
-        self.lost: List[str] = []
-        self.fallen: List[str] = []
-        self.lastToken: Dict[str, int] = {}
-        self.threads = [threading.Thread(target=self._run, args=(f"up/{i}",), daemon=True)
-                        for i in range(LOCKERS)]
-
-    def start(self) -> "Lockers":
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def _run(self, key: str) -> None:
-        while not self.stop.is_set():
-            try:
-                lock = self.client.acquire(key, lease=30, wait=10)
-            except LockError:
-                time.sleep(0.05)  # no active for a moment (a handoff): try again
-                continue
-            self.grants += 1
-            if lock.token <= self.lastToken.get(key, 0):
-                self.fallen.append(f"{key}: {lock.token} after {self.lastToken[key]}")
-            self.lastToken[key] = lock.token
-            time.sleep(0.01)
-            try:
-                if lock.release():
-                    self.released += 1
-                else:
-                    self.lost.append(f"{key} {lock.token}: release answered STALE")
-            except LockError as e:
-                self.lost.append(f"{key} {lock.token}: release failed: {e}")
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(30)
-        self.client.close()
-
-
 def test_a_cluster_upgraded_one_node_at_a_time_under_load_loses_nothing(
         tmp_path) -> None:  # type: ignore[no-untyped-def]
     earlier = earlierRelease(tmp_path)
@@ -138,7 +84,7 @@ def test_a_cluster_upgraded_one_node_at_a_time_under_load_loses_nothing(
                 30, what="the earlier release's cluster settled")
         for node in c.nodes:  # they do run the earlier tree
             assert runsTree(node, earlier)
-        lockers = Lockers(",".join(c.addresses())).start()
+        lockers = Lockers(",".join(c.addresses()), "upgrade").start()
         waitFor(lambda: lockers.grants >= 50, 30, what="lockers running")
 
         def upgrade(node: Node) -> None:

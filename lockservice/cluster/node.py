@@ -27,7 +27,7 @@ live changes and a C{HANDOFF} arrive in order.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, gatherResults
@@ -101,8 +101,11 @@ class Cluster(Service):
         wallMicros: Callable[[], int] = systemWallMicros,
         endpointFor: Optional[Callable[[int], Any]] = None,
         replication: str = ACK,
+        acceptSecrets: Sequence[bytes] = (),
     ) -> None:
         """
+        @param acceptSecrets: secrets a peer may prove besides C{secret}
+            (a rotation: see docs/operations.md).
         @param replication: what client answers wait for: C{"ack"} (every
             synchronised standby acknowledged receiving the changes) or
             C{"sent"} (they left this host's socket buffers).
@@ -139,7 +142,7 @@ class Cluster(Service):
         self.terms = terms.Terms()
         self.eras = terms.Eras()
         self.servingGate = Gate(heartbeat, peerTimeout, self.startedAt)
-        self.receiver = Receiver(self, locks, self.peers, self.me, secret)
+        self.receiver = Receiver(self, locks, self.peers, self.me, secret, acceptSecrets)
         self.links = Links(self.clock, self.receiver, self.receiver, sorted(self.views),
                            peerTimeout, endpointFor or self._tcpEndpoint, self.peers)
         self.lastHeard = self.links.lastHeard

@@ -90,6 +90,9 @@ class ChannelOwner(TypingProtocol):
     me: int
     myEntry: bytes
     secret: bytes
+    # Every secret a peer may prove: ours first, then one being rotated in
+    # or out (--accept-secret).
+    acceptedSecrets: Tuple[bytes, ...]
 
     def indexOf(self, entry: bytes) -> Optional[int]: ...
 
@@ -219,10 +222,18 @@ class PeerChannel:
     def _nonces(self) -> "tuple[bytes, bytes]":
         return (self._nonce, self._theirNonce) if self.outbound else (self._theirNonce, self._nonce)
 
-    def _proof(self, step: bytes) -> bytes:
+    def _proof(self, step: bytes, secret: Optional[bytes] = None) -> bytes:
         # The version in use is part of every proof's transcript.
-        return proof(self.cluster.secret, step + b" %d" % self.version, *self._names(),
-                     *self._nonces())
+        return proof(self.cluster.secret if secret is None else secret,
+                     step + b" %d" % self.version, *self._names(), *self._nonces())
+
+    def _proven(self, value: bytes, step: bytes) -> bool:
+        """
+        Whether the peer's C{value} proves a secret we accept: ours, or
+        one being rotated (a peer proves with its own first secret).
+        """
+        return any(hmac.compare_digest(value, self._proof(step, secret))
+                   for secret in self.cluster.acceptedSecrets)
 
     def sendHello(self) -> None:
         assert self.remote is not None
@@ -261,7 +272,7 @@ class PeerChannel:
             # share our secret.
             answered = fields[0] in (peerwire.AUTH, peerwire.REFUSAL)
             proven = len(fields) == 2 and fields[0] == peerwire.AUTH
-            if not proven or not hmac.compare_digest(fields[1], self._proof(b"auth")):
+            if not proven or not self._proven(fields[1], b"auth"):
                 return self._refuse(b"peer authentication failed", mismatch=answered)
             self.send(peerwire.welcome(self._proof(b"welcome")))
             self._authenticated()
@@ -281,13 +292,13 @@ class PeerChannel:
                 return self._refuse(b"bad challenge")
             self.version = chosen[0]
             self._theirNonce = fields[2]
-            if not hmac.compare_digest(fields[3], self._proof(b"challenge")):
+            if not self._proven(fields[3], b"challenge"):
                 return self._refuse(b"peer authentication failed", mismatch=True)
             self.send(peerwire.auth(self._proof(b"auth")))
             self._step = "welcome"
         elif self._step == "welcome":
             welcomed = len(fields) == 2 and fields[0] == peerwire.WELCOME
-            if not welcomed or not hmac.compare_digest(fields[1], self._proof(b"welcome")):
+            if not welcomed or not self._proven(fields[1], b"welcome"):
                 return self._refuse(b"not welcomed", mismatch=welcomed)
             self._authenticated()
 

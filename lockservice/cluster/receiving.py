@@ -9,7 +9,7 @@ heal's offer are handed on whole, to be applied in bulk.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from twisted.logger import Logger
 
@@ -38,7 +38,7 @@ class Receiver:
     log = Logger()
 
     def __init__(self, owner: IReceiverOwner, locks: LockService, peers: List[bytes], me: int,
-                 secret: bytes) -> None:
+                 secret: bytes, alsoAccepted: Sequence[bytes] = ()) -> None:
         self.owner = owner
         self.locks = locks
         self.clock = locks.clock
@@ -47,6 +47,7 @@ class Receiver:
         self.me = me
         self.myEntry = peers[me]
         self.secret = secret
+        self.acceptedSecrets = (secret, *alsoAccepted)
         self.handshakes = HandshakeLimit(self.clock)
 
     def wire(self, links: Links, releases: Releases, heartbeats: Heartbeats, stream: Stream,

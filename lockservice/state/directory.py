@@ -7,7 +7,7 @@ durably, and a lock so that two nodes never share one directory.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 from lockservice.state.fileformat import State, StateError, decode, encode
 
@@ -24,9 +24,17 @@ class StateDir:
     never share one directory.
     """
 
-    def __init__(self, path: str, cluster: str, node: str) -> None:
+    def __init__(self, path: str, cluster: str, node: str,
+                 alsoCluster: Sequence[str] = ()) -> None:
+        """
+        @param cluster: the identity this node writes (see
+            L{clusterIdentity<lockservice.state.fileformat.clusterIdentity>}).
+        @param alsoCluster: identities a file it reads may have besides:
+            the same cluster under a secret being rotated (--accept-secret).
+        """
         self.path = path
         self.cluster = cluster
+        self.alsoCluster = list(alsoCluster)
         self.node = node
         self.file = os.path.join(path, FILENAME)
         self._lock: Optional[int] = None
@@ -59,10 +67,14 @@ class StateDir:
         except OSError as e:
             raise StateError(f"{where}: cannot read {self.file}: {e.strerror}") from None
         try:
-            return decode(data, self.cluster, self.node)
+            state = decode(data, None, self.node)
+            if state.cluster != self.cluster and state.cluster not in self.alsoCluster:
+                decode(data, self.cluster, self.node)  # refused: says why
         except StateError as e:
             raise StateError(f"{where}: refusing {self.file}: {e}; move it away to start "
                              "without it") from None
+        state.cluster = self.cluster  # written from now on under this node's identity
+        return state
 
     def write(self, state: State) -> None:
         """
