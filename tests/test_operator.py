@@ -236,7 +236,8 @@ def test_force_release_is_replicated(cluster, tmp_path) -> None:  # type: ignore
         waitFor(lambda: get(ports[0], "/status")["waiters"] == 1, 10, what="queued")
         waitFor(lambda: get(ports[1], "/locks?key=shared").get("token") == int(old), 10,
                 what="grant replicated")
-        code, answer = post(ports[1], "/locks/shared/release", "s3cret-admin-token", "on the standby")
+        code, answer = post(ports[1], "/locks/shared/release", "s3cret-admin-token",
+                            "on the standby")
         assert code == 409 and answer["active"] == c.nodes[0].address
         # The CLI says so with its own status: the node was reached (not 69).
         standby = cli("release", "--force", "shared", "--reason", "x", "--admin-secret",
