@@ -120,18 +120,7 @@ class WaitQueue:
     def popleft(self) -> Waiter:
         waiter = self.head
         assert waiter is not None
-        # remove(waiter), inline: every hand-over pops; the calls would cost
-        # 1,070 instructions per contended hand-off (0.8% of a node's,
-        # callgrind; none on an uncontended pair) and take a hand-off over
-        # its call budget (tests/test_callcount.py).
-        after = waiter.next
-        self.head = after
-        if after is None:
-            self.tail = None
-        else:
-            after.prev = None
-        self.length -= 1
-        waiter.next = None
+        self.remove(waiter)
         return waiter
 
 

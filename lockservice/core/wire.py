@@ -284,16 +284,14 @@ def parseRequest(line: bytes, maxLease: float, maxWait: float) -> Request:
     if not arity <= len(fields) <= arity + _OPTIONAL.get(op, 0):
         raise _bad(fields, _USAGE[op])
     key = fields[1]
-    # The common cases of isValidKey, parseSeconds and parseToken are
-    # inline below (every request goes through here); anything else takes
-    # the full check, which decides exactly as before.  As calls they cost
-    # an uncontended acquire+release pair (121,500 instructions on a node,
-    # callgrind): the lease and wait 1,950 instructions (1.6%), the token
-    # 1,420 (1.2%), the key 1,030 (0.85%; and two calls over a pair's call
-    # budget, tests/test_callcount.py).
-    if ((len(key) > MAX_KEY or key.translate(None, _PLAIN_KEY_BYTES))
-            and not isValidKey(key)):
+    if not isValidKey(key):
         raise _bad(fields, _BAD_WORD if op == b"P" else _BAD_NAME if op == b"I" else _BAD_KEY)
+    # The common cases of parseSeconds and parseToken are inline below
+    # (every request goes through here); anything else takes the full
+    # check, which decides exactly as before.  As calls they would cost an
+    # uncontended acquire+release pair (121,500 instructions on a node,
+    # callgrind): the lease and wait 1,950 instructions (1.6%), the token
+    # 1,420 (1.2%).
     if op == b"A":
         field = fields[2]
         lease = float(int(field)) if field.isdigit() and len(field) < 16 else 0.0
