@@ -46,7 +46,7 @@ from lockservice.cluster.peerwire import (
 )
 from lockservice.cluster.released import Releases
 from lockservice.core.election import ACTIVE, HANDING_OFF
-from lockservice.core.groups import GroupRecord
+from lockservice.core.groups import GroupObserver, GroupRecord
 from lockservice.core.table import EXCLUSIVE
 from lockservice.internals import flushToKernel, sendNow
 from lockservice.server.service import LockService
@@ -132,7 +132,7 @@ SENT = "sent"
 MODES = (ACK, SENT)
 
 
-class Stream:
+class Stream(GroupObserver):
     """
     The sending side of the replication stream (a LockService change
     observer and mirror observer), and the gate client answers wait at
