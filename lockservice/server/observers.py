@@ -13,7 +13,7 @@ service's internal-error counter.
 Activity observers are attached with L{Observers.attach}.  The monitor is
 told of grants and releases through its L{Lane}: the fan-out appends the
 note to the monitor's log itself and calls it only when the change needs
-more than a note (measured: 3.9% of a pair's user instructions; see
+more than a note (measured: 7.6% of a pair's instructions; see
 L{Observers.granted}).
 """
 
@@ -133,10 +133,11 @@ class Observers:
             lane = self._lane
             if lane is not None:
                 # The monitor's note, made here rather than by a call (its
-                # lane, a copy of Monitor.granted's first line): measured
-                # with `python -m lockservice.bench instructions`, calling
-                # the monitor instead costs 4,827 more user instructions
-                # per acquire+release pair, 3.9% of the 123,150 of a pair.
+                # lane, a copy of Monitor.granted's first line).  Calling
+                # the monitor instead costs 9,589 more instructions per
+                # acquire+release pair (callgrind, pairs through the real
+                # protocol and service in one process): 7.6% of a node's
+                # 126,525 per pair (`python -m lockservice.bench instructions`).
                 try:
                     if lane.noteOnly:
                         log = lane.log  # the note, as Monitor.granted makes it
