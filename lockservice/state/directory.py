@@ -67,9 +67,9 @@ class StateDir:
         except OSError as e:
             raise StateError(f"{where}: cannot read {self.file}: {e.strerror}") from None
         try:
-            state = decode(data, None, self.node)
-            if state.cluster != self.cluster and state.cluster not in self.alsoCluster:
-                decode(data, self.cluster, self.node)  # refused: says why
+            state = decode(data, None, None)
+            accepted = state.cluster if state.cluster in self.alsoCluster else self.cluster
+            state = decode(data, accepted, self.node)  # refused: says why
         except StateError as e:
             raise StateError(f"{where}: refusing {self.file}: {e}; move it away to start "
                              "without it") from None
