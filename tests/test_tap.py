@@ -139,12 +139,12 @@ def test_make_service_fixes_mallocs_mmap_threshold(monkeypatch) -> None:  # type
     from twisted.internet.testing import MemoryReactorClock
 
     from lockservice import tap
+    from lockservice.startup import fixMallocThreshold as fix
 
-    fix = tap._fixMallocThreshold
     if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
         assert fix() is True
     calls: List[int] = []
-    monkeypatch.setattr(tap, "_fixMallocThreshold", lambda: calls.append(1) or True)
+    monkeypatch.setattr(tap, "fixMallocThreshold", lambda: calls.append(1) or True)
     monkeypatch.setattr(twisted.internet, "reactor", MemoryReactorClock(), raising=False)
     tap.makeService(parse(["--listen", "tcp:0:interface=127.0.0.1"]))
     assert calls == [1]
