@@ -4,13 +4,31 @@ A short-lived view of one grant of a lock table.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Optional
+from array import array
+from typing import Iterator, List, Optional, Protocol
 
 from lockservice.core.slots import _GrantInfo
 from lockservice.core.waiters import Waiter, WaitQueue, nameOf
 
-if TYPE_CHECKING:
-    from lockservice.core.views import TableViews
+
+class ViewedTable(Protocol):
+    """
+    What a view reads of its table (L{lockservice.core.views.TableViews}).
+    """
+
+    _granted: "array[float]"
+    _expires: "array[float]"
+    _clients: List[object]
+
+    def _slotOf(self, key: bytes, token: int) -> int: ...
+
+    def _clientAt(self, slot: int) -> object: ...
+
+    def _move(self, key: bytes, slot: int, token: int, expiresAt: float) -> None: ...
+
+    def queueOf(self, key: bytes) -> Optional[WaitQueue]: ...
+
+    def shareOf(self, key: bytes, token: int) -> int: ...
 
 
 class StaleHolder(LookupError):
@@ -36,7 +54,7 @@ class Holder:
 
     __slots__ = ("_table", "key", "token")
 
-    def __init__(self, table: "TableViews", key: bytes, token: int) -> None:
+    def __init__(self, table: ViewedTable, key: bytes, token: int) -> None:
         self._table = table
         self.key = key
         self.token = token
