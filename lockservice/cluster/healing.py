@@ -86,7 +86,7 @@ class Healing:
         grants = [(key, token, micros(expiresAt - now), micros(now - grantedAt), share, name,
                    delayed)
                   for key, token, grantedAt, expiresAt, share, name, delayed
-                  in self.locks.table.everyGrant()]
+                  in self.locks.table.everyGrant() if expiresAt is not None]
         notes = list(self.releases.notes())
         data = peerwire.offerLines(origin, notes, grants)
         groups = [peerwire.groupLine(record, now)
