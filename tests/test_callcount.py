@@ -32,19 +32,19 @@ Steps measured:
 
 from __future__ import annotations
 
-import os
-import sys
-from types import FrameType
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-import lockservice
 from lockservice.server.monitor import Monitor
 from lockservice.server.protocol import LockFactory
 from lockservice.server.service import LockService
+from tests.support.counting import (
+    Work,
+    counted,
+)
 
 # Measured: lines and calls per step, and their budgets (lines about 10%
 # above, calls about 25% above, each at least 6 above: folding a helper
@@ -80,20 +80,6 @@ CALLS_PER_MIRRORED_LINE = 1.7
 # are counted too.
 PAIRS = 2048
 
-ROOT = os.path.dirname(lockservice.__file__) + os.sep
-
-
-class Work(NamedTuple):
-    """
-    What one step ran in lockservice's modules, on average.
-    """
-
-    lines: float
-    calls: float
-
-    def __sub__(self, other: Tuple[Any, ...]) -> "Work":
-        return Work(self.lines - other[0], self.calls - other[1])
-
 
 def _node(monitor: bool, connections: int = 1) -> Tuple[Clock, List[Tuple[Any, StringTransport]]]:
     clock = Clock()
@@ -123,38 +109,6 @@ def _pair(clock: Clock, protocol: Any, transport: StringTransport, i: int) -> No
     assert transport.value() == b"R " + key + b" OK\n"
     transport.clear()
     clock.advance(0)
-
-
-def counted(step: Callable[[int], None], count: int) -> Work:
-    """
-    Run C{step(i)} C{count} times (after 20 runs left out of the count:
-    first-time paths) and return the lines and calls per run.
-    """
-    for i in range(20):
-        step(i)
-    lines = calls = 0
-
-    def inside(frame: FrameType, event: str, arg: object) -> Any:
-        nonlocal lines
-        if event == "line":
-            lines += 1
-        return inside
-
-    def trace(frame: FrameType, event: str, arg: object) -> Optional[Callable[..., Any]]:
-        nonlocal calls
-        if event == "call" and frame.f_code.co_filename.startswith(ROOT):
-            calls += 1
-            return inside
-        return None  # no line events for frames outside lockservice
-
-    previous = sys.gettrace()  # (coverage's, under tox)
-    sys.settrace(trace)
-    try:
-        for i in range(count):
-            step(i)
-    finally:
-        sys.settrace(previous)
-    return Work(lines / count, calls / count)
 
 
 def perPair(monitor: bool = True, pairs: int = PAIRS) -> Work:

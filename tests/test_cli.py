@@ -14,13 +14,7 @@ import threading
 import pytest
 
 from lockservice.testing.harness import LineClient, freePort, twistdEnvironment, waitFor
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
-    return subprocess.run(
-        [sys.executable, "-m", "lockservice.cli", *args],
-        capture_output=True, timeout=timeout, env=twistdEnvironment(),
-    )
+from tests.support.cli import cli
 
 
 def test_acquire_prints_token_and_release_says_ok_then_stale(spawn) -> None:  # type: ignore[no-untyped-def]

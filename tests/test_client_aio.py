@@ -171,7 +171,7 @@ def test_loop_in_a_thread_like_jupyter(spawn) -> None:  # type: ignore[no-untype
 
 @pytest.mark.slow
 def test_failover_under_the_asyncio_face_never_holds_a_lock_twice(cluster) -> None:  # type: ignore[no-untyped-def]
-    from tests.test_client_sync import assertNoDoubleHolds
+    from tests.support.doubleholds import assertNoDoubleHolds
 
     c = cluster(2)
     first = c.nodes[0]

@@ -211,7 +211,7 @@ async def test_failover_under_the_twisted_face_never_holds_a_lock_twice(cluster)
 
     from lockservice.client.api import LockError
     from lockservice.testing.harness import activeNodes
-    from tests.test_client_sync import assertNoDoubleHolds
+    from tests.support.doubleholds import assertNoDoubleHolds
 
     c = cluster(2)
     first = c.nodes[0]

@@ -12,7 +12,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from lockservice.client import Lock, LockLost, ReleaseFailed
-from tests.test_client import Network, failureOf, makeClient, result
+from tests.support.fakenet import Network, failureOf, makeClient, result
 
 
 def grant(clock: Clock, net: Network, d: "Deferred[Lock]", token: int = 7,

@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from lockservice.client import connect
 from lockservice.client.api import parseClusters
 from lockservice.client.sharding import choose
-from tests.test_client import Network, result
+from tests.support.fakenet import Network, result
 
 KEYS = [f"orders/{i}".encode() for i in range(20000)]
 

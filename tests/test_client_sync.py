@@ -17,6 +17,7 @@ import pytest
 
 from lockservice.client import sync
 from lockservice.testing.harness import LineClient, activeNodes, twistdEnvironment, waitFor
+from tests.support.doubleholds import assertNoDoubleHolds
 
 
 def runScript(source: str, *args: str, timeout: float = 60) -> "subprocess.CompletedProcess[str]":
@@ -257,27 +258,8 @@ def test_failover_under_the_blocking_face_never_holds_a_lock_twice(cluster) -> N
     assertNoDoubleHolds(spans, killedAt)
 
 
-def assertNoDoubleHolds(spans: List[Tuple[float, float, int]], killedAt: float) -> None:
-    """
-    No two holds overlap, except a hold that began on the killed active
-    (before the kill) with one the successor granted after it: the
-    failover window.  Work went on after the failover.
-    """
-    ordered = sorted(spans)
-    latest = ordered[0]
-    for span in ordered[1:]:
-        s1, e1, t1 = latest
-        s2, e2, t2 = span
-        if s2 < e1:
-            acrossTheKill = s1 < killedAt <= s2
-            assert acrossTheKill, f"held twice outside the failover window: {t1} and {t2}"
-        if e2 > e1:
-            latest = span
-    assert any(s > killedAt for s, _, _ in spans)
-
-
 def test_read_locks_and_semaphores_end_to_end(spawn) -> None:  # type: ignore[no-untyped-def]
-    from tests.test_client_tooz import nodeSharesKeys
+    from tests.support.tooz import nodeSharesKeys
 
     node = spawn()
     client = sync.connect(node.address)

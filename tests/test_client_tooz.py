@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Dict
 
-from lockservice.testing.harness import LineClient, freePort, twistdEnvironment
+from lockservice.testing.harness import freePort, twistdEnvironment
+from tests.support.tooz import nodeSharesKeys
 
 
 def entryPointPath(tmp_path: Path) -> str:
@@ -31,14 +32,6 @@ def entryPointPath(tmp_path: Path) -> str:
     (info / "entry_points.txt").write_text(
         "[tooz.backends]\nlockservice = lockservice.client.tooz_driver:LockserviceDriver\n")
     return str(tmp_path / "ep")
-
-
-def nodeSharesKeys(port: int) -> bool:
-    with LineClient(port) as c:
-        answer = c.ask(b"A __tooz_probe__ 1 0.000001 r")
-        if answer.startswith(b"A "):
-            c.ask(b"R __tooz_probe__ " + answer.split(b" ")[2])
-        return not answer.startswith(b"E ")
 
 
 def test_tooz_suite_passes_every_lock_test(spawn, tmp_path) -> None:  # type: ignore[no-untyped-def]

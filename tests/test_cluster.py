@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from lockservice.testing.harness import LineClient, activeNodes, probeRole, waitFor
+from lockservice.testing.harness import LineClient, probeRole, waitFor
+from tests.support.clusterprocess import onlyActive
 
 pytestmark = pytest.mark.slow
 
@@ -48,10 +49,6 @@ def isHeld(port: int, key: bytes) -> bool:
         return False
     assert answer == b"T " + key, answer
     return True
-
-
-def onlyActive(cluster, expected) -> bool:  # type: ignore[no-untyped-def]
-    return [n.port for n in activeNodes(cluster.nodes)] == [expected.port]
 
 
 def test_three_nodes_one_active_others_redirect(cluster) -> None:  # type: ignore[no-untyped-def]

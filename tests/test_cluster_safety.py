@@ -449,7 +449,7 @@ def test_rolling_restart_with_the_top_node_two_hours_behind(cluster) -> None:  #
     clock: it never serves beside node1, no node ever redirects a client to
     it, and /status says why.
     """
-    from tests.test_server_process import requireFaketime
+    from tests.support.faketime import requireFaketime
 
     library = requireFaketime()
     c = cluster(3)

@@ -17,10 +17,12 @@ import pytest
 from lockservice.core.election import PeerView
 from lockservice.server.health import readiness
 from lockservice.server.http import makeRoot
-from lockservice.state import NodeState, StateDir
 from lockservice.testing.harness import LineClient, freePort, freePorts, waitFor
 from tests.support.protocol import Node as ProtocolNode
-from tests.test_http import fetch, stubFor
+from tests.support.state import (
+    brokenState,
+)
+from tests.support.web import fetch, stubFor
 
 
 class FakeLocks:
@@ -93,27 +95,6 @@ def test_a_peer_refused_for_its_protocol_version_makes_the_node_not_ready() -> N
     assert not ok and body["reason"] == "peer(s) c:3 refused for their protocol version"
     cluster.incompatiblePeers = []  # type: ignore[attr-defined]
     assert ready("active", cluster)[0]
-
-
-class BrokenDir(StateDir):
-    """
-    A state directory whose writes fail (a full or read-only disk).
-    """
-
-    broken = False
-
-    def write(self, state: Any) -> None:
-        if self.broken:
-            raise OSError(28, "No space left on device")
-        super().write(state)
-
-
-def brokenState(node: ProtocolNode, tmp_path: Any) -> Tuple[NodeState, BrokenDir]:
-    directory = BrokenDir(str(tmp_path / "state"), "c", "")
-    state = NodeState(directory, lambda: 1_700_000_000_000_000)
-    state.start(node.service)
-    directory.broken = True
-    return state, directory
 
 
 def test_state_save_failures_show_on_ready_status_and_metrics(tmp_path) -> None:  # type: ignore[no-untyped-def]

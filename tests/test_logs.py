@@ -230,7 +230,7 @@ def test_cluster_events_have_names_and_fields(cluster, tmp_path: Path) -> None: 
 
 def test_a_failed_state_save_is_a_named_event(tmp_path: Path) -> None:
     from tests.support.protocol import Node as ProtocolNode
-    from tests.test_health import brokenState
+    from tests.support.state import brokenState
 
     node = ProtocolNode()
     state, _ = brokenState(node, tmp_path)

@@ -16,7 +16,7 @@ import pytest
 
 from lockservice.tap import Options
 from lockservice.testing.harness import LineClient, Node, freePort, waitFor
-from tests.test_cli import cli
+from tests.support.cli import cli
 
 
 def get(port: int, path: str) -> Any:

@@ -33,7 +33,7 @@ from lockservice.cluster.peer import PeerChannel
 from lockservice.core.election import ACTIVE
 from lockservice.server.monitor import Monitor
 from tests.support.cluster import NOW_US, Lab, following, lines
-from tests.test_callcount import Work, counted
+from tests.support.counting import Work, counted
 
 PAIR_LINES = 361
 PAIR_CALLS = 68

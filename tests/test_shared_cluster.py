@@ -13,7 +13,7 @@ from typing import List
 import pytest
 
 from lockservice.testing.harness import LineClient, probeRole, waitFor
-from tests.test_cluster import onlyActive
+from tests.support.clusterprocess import onlyActive
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from lockservice.server import webpages as http
 from lockservice.server.deadlocks import WAIT_ENTERS_AFTER
 from tests.support.protocol import T0
 from tests.support.protocol import Node as ProtocolNode
-from tests.test_http import SECRET, fetch, post, withMonitor
+from tests.support.web import SECRET, fetch, post, withMonitor
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from lockservice.testing.harness import (
     twistdEnvironment,
     waitFor,
 )
-from tests.test_server_process import requireFaketime
+from tests.support.faketime import requireFaketime
 
 
 def stateNode(tmp_path, name: str = "lone", args: Optional[List[str]] = None) -> Node:  # type: ignore[no-untyped-def]
