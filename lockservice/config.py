@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_config -*-
+# -*- test-case-name: tests.cli.test_config -*-
 """
 C{twistd lockservice --config FILE}: the node's settings in a TOML file.
 

@@ -1,10 +1,10 @@
-# -*- test-case-name: tests.test_internals -*-
+# -*- test-case-name: tests.server.test_internals -*-
 """
 Every use of a private Twisted internal, in one place.
 
 Each one buys something the public API does not offer; each is guarded so
 that a Twisted release that renames the internal degrades to the public
-behaviour instead of breaking, and tests/test_internals.py checks each on
+behaviour instead of breaking, and tests/server/test_internals.py checks each on
 the oldest and the newest Twisted of the tox matrix.
 """
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_logs -*-
+# -*- test-case-name: tests.process.test_logs -*-
 """
 Where and how the node's log goes under twistd.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_tap -*-
+# -*- test-case-name: tests.process.test_tap -*-
 """
 C{twistd lockservice}'s options: the command line (and C{--config FILE}),
 checked before anything starts; a bad value is one line and exit 2.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cli -*-
+# -*- test-case-name: tests.cli.test_cli -*-
 """
 C{lockservice shell}: an interactive line session with one node, so that no
 C{nc} is needed (and TLS works as it does for the client library).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_tap -*-
+# -*- test-case-name: tests.process.test_tap -*-
 """
 What the node's process sets up before it serves: the file descriptor
 limit and the connections it allows, glibc's mmap threshold, and

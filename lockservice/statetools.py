@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_state_tools -*-
+# -*- test-case-name: tests.cli.test_state_tools -*-
 """
 C{lockservice state inspect|backup|restore}: the operator's tools for a
 node's C{--state-dir} (see L{lockservice.state} for what it holds).

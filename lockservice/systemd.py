@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_systemd -*-
+# -*- test-case-name: tests.process.test_systemd -*-
 """
 The systemd notification protocol (C{sd_notify}), with the standard
 library only: a datagram to the socket named by C{NOTIFY_SOCKET} (a path,

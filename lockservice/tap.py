@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_tap -*-
+# -*- test-case-name: tests.process.test_tap -*-
 """
 C{twistd lockservice}: the service tree (the options are
 L{lockservice.options}).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_tls -*-
+# -*- test-case-name: tests.process.test_tls -*-
 """
 TLS for every connection of the project: a node's listener, its peer
 links, and clients.  Shared by the server, the cluster and the client; it

@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    # `tox -e py311 -- tests/test_x.py` runs both passes on one file: the
+    # `tox -e py311 -- tests/core/test_core.py` runs both passes on one file: the
     # pass that file has no test in is not a failure.
     if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and session.config.option.markexpr:
         session.exitstatus = pytest.ExitCode.OK

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cli_coordination -*-
+# -*- test-case-name: tests.cli.test_cli_coordination -*-
 """
 C{lockservice watch KEY}: who holds a key now, then each change, one line
 each.  C{lockservice elect ELECTION VALUE -- CMD ...}: run a command while

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cli -*-
+# -*- test-case-name: tests.cli.test_cli -*-
 """
 The exit statuses of the C{lockservice} command, and the error that ends
 a command with one line and one of them.

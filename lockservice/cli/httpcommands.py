@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cli -*-
+# -*- test-case-name: tests.cli.test_cli -*-
 """
 The commands that talk to a node's C{--http} endpoint: C{status},
 C{events}, C{release --force}.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cli -*-
+# -*- test-case-name: tests.cli.test_cli -*-
 """
 The commands that talk to the lock port with the Twisted client:
 C{acquire}, C{release}, C{run}, C{shell}.

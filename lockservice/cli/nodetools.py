@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cli -*-
+# -*- test-case-name: tests.cli.test_cli -*-
 """
 C{lockservice config check|show} and C{lockservice state ...}: tools for a
 node's configuration file and state directory, nothing started.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cli -*-
+# -*- test-case-name: tests.cli.test_cli -*-
 """
 The command line: C{lockservice COMMAND ...} and the checks of its
 arguments (one line and exit status 2 for a bad one).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cli -*-
+# -*- test-case-name: tests.cli.test_cli -*-
 """
 A command run in a process group of its own, so that everything it
 started can be stopped (C{lockservice run} when its lock is lost).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client -*-
+# -*- test-case-name: tests.client.test_client -*-
 """
 One acquire, from its first send to its end: granted, timed out, refused,
 or withdrawn when its caller gives up.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_sharding -*-
+# -*- test-case-name: tests.client.test_client_sharding -*-
 """
 The addresses a client is given: one cluster or several.
 """

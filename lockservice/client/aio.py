@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_aio -*-
+# -*- test-case-name: tests.client.test_client_aio -*-
 """
 The asyncio face of the client:
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client -*-
+# -*- test-case-name: tests.client.test_client -*-
 """
 The client's arguments, checked before anything is sent: keys and names,
 shares, semaphore slots, and the connection name a client sends.

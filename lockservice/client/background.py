@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_sync -*-
+# -*- test-case-name: tests.client.test_client_sync -*-
 """
 The reactor thread behind the blocking face (L{lockservice.client.sync})
 and the asyncio face (L{lockservice.client.aio}).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client -*-
+# -*- test-case-name: tests.client.test_client -*-
 """
 The Twisted client's C{async with client.lock(...)}.
 """

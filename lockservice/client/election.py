@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_observe -*-
+# -*- test-case-name: tests.client.test_client -*-
 """
 Leader election, built from the lock (the recipe every official client
 follows): candidates acquire the election's key (kept alive, waiting for

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_tls -*-
+# -*- test-case-name: tests.client.test_client_tls -*-
 """
 From an address to a client endpoint: plain TCP, or TLS verified against a
 CA (optionally presenting a client certificate, for a node started with

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_fencing -*-
+# -*- test-case-name: tests.client.test_fencing -*-
 """
 The resource side of fencing: the protected resource keeps the highest
 token it has seen and refuses a write that carries a lower one.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_groups -*-
+# -*- test-case-name: tests.server.test_groups -*-
 """
 The group extension from the client's side (what the tooz driver uses:
 groups that exist with no members, members with a capability blob, kept

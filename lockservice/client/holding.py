@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_keepalive -*-
+# -*- test-case-name: tests.client.test_client_keepalive -*-
 """
 The locks a client holds: until when it is sure the node still holds each
 (counted from when the acquire or the last confirmed renewal was sent, on

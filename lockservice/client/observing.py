@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_observe -*-
+# -*- test-case-name: tests.client.test_client -*-
 """
 Observing a key: who holds it now, and each change (the C{O} request).
 

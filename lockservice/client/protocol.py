@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client -*-
+# -*- test-case-name: tests.client.test_client -*-
 """
 One client connection: the line protocol of the client port, pipelined.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client -*-
+# -*- test-case-name: tests.client.test_client -*-
 """
 Releases and renewals: idempotent requests, sent again on other
 connections until one is answered or a deadline passes.

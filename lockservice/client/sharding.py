@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_sharding -*-
+# -*- test-case-name: tests.client.test_client_sharding -*-
 """
 Which cluster serves a key, when a deployment runs several independent
 clusters (shards): rendezvous (highest-random-weight) hashing.

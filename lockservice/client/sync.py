@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_sync -*-
+# -*- test-case-name: tests.client.test_client_sync -*-
 """
 The blocking face of the client, for code that is not a Twisted program
 (a Django view, a Celery task, a cron script):

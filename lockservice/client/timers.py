@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client -*-
+# -*- test-case-name: tests.client.test_client -*-
 """
 A client's timers, all cancelled when the client closes: whatever still
 waits on one is told why (L{Timers.whenClosed}) instead of waiting for ever.

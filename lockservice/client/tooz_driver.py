@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_tooz -*-
+# -*- test-case-name: tests.client.test_client_tooz -*-
 """
 A tooz driver (OpenStack's coordination layer), on the blocking client:
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 Whether this node may trust its own clock (a node that cannot trust its
 own clock never serves beside its peers).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 A cluster node's decisions: what its peers' views and its own clock say it
 must do (promote, step down, follow, claim a term, hand off, serve or

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 The following side of the replication stream: how a standby (or a node
 still syncing) keeps its copy of its leader's grants.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 Handing the active role to another node: on a graceful stop, and to a
 higher-priority node that came back and caught up.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 A heal, on both sides: the side that steps down (or changes leader)
 offers its held keys and release notes before its C{SYNC}

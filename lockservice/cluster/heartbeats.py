@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 Heartbeats and what they tell: every node sends its heartbeat on every
 link, both directions, every --heartbeat,

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 What the cluster's collaborators tell the node that owns them
 (L{lockservice.cluster.node.Cluster}), and the little they read of it.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_links -*-
+# -*- test-case-name: tests.cluster.test_peer -*-
 """
 Links and liveness: one outbound link to every peer (a ClientService that
 redials), the inbound links peers open to us, and what they tell about

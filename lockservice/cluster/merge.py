@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 The heal merge: what the side that loses a heal brings the winner, and
 the per-grant rules the winner applies (a heal merges the two sides'

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 The cluster layer: this node's membership of a priority-ordered cluster
 (docs/cluster.md).  L{Cluster} alone changes this node's role, term and

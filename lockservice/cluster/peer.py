@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_peer -*-
+# -*- test-case-name: tests.cluster.test_peer -*-
 """
 Peer connections: the handshake that proves knowledge of the shared
 secret, then a line channel carrying cluster messages.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_peerwire -*-
+# -*- test-case-name: tests.cluster.test_peerwire -*-
 """
 The peer line format: every line a peer channel carries, built and
 parsed here and nowhere else, as L{lockservice.core.wire} is for clients.

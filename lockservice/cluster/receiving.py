@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 Receiving from peers: every line an authenticated peer sends goes to the
 collaborator whose concept it is (see L{lockservice.cluster.peerwire} for

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 The replication stream, on the active's side: what it sends its standbys
 (SYNC, SNAP, H, SNAPEND, G, D, S and ACK lines: see

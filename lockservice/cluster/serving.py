@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_serving -*-
+# -*- test-case-name: tests.cluster.test_serving -*-
 """
 The states a node is in, and when an active node may serve its clients:
 the serving gate.

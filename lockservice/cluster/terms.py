@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_terms -*-
+# -*- test-case-name: tests.cluster.test_terms -*-
 """
 Terms and eras: the numbers that order the cluster's claims, and whose
 stream a node's keys mirror.

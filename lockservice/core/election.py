@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_election -*-
+# -*- test-case-name: tests.core.test_election -*-
 """
 Who should be active: a pure decision over what this node knows of its
 peers.  No quorum: among live nodes, priority (the position in --peers,

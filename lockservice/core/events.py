@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_events -*-
+# -*- test-case-name: tests.core.test_events -*-
 """
 A bounded ring of recent events (grants, releases, expiries, ... peer
 changes), numbered by a sequence that never repeats within a process, so

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_groups -*-
+# -*- test-case-name: tests.server.test_groups -*-
 """
 Groups and their members: the registry behind lockservice's group
 extension (what tooz's coordination API needs beyond locks: groups that

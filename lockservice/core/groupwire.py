@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_groups -*-
+# -*- test-case-name: tests.server.test_groups -*-
 """
 The group extension's requests on the client port (what tooz's
 coordination API needs beyond locks; see L{lockservice.core.groups}).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_keystats -*-
+# -*- test-case-name: tests.core.test_keystats -*-
 """
 Per-second activity over the last few minutes, for the dashboard's
 charts: grants, acquires that had to wait, and the hold times of the

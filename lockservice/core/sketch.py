@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_keystats -*-
+# -*- test-case-name: tests.core.test_keystats -*-
 """
 Per-key statistics for the busiest keys, in bounded memory.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_core -*-
+# -*- test-case-name: tests.core.test_core -*-
 """
 The lock table: holders, FIFO queues and fencing tokens.
 

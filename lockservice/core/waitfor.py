@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_waitfor -*-
+# -*- test-case-name: tests.core.test_waitfor -*-
 """
 The wait-for graph: which client waits for a key that which client holds,
 and the deadlocks (cycles) that follow.

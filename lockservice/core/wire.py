@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_protocol -*-
+# -*- test-case-name: tests.server.test_protocol -*-
 """
 Parsing and formatting of the client line protocol (docs/protocol.md).
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_limits -*-
+# -*- test-case-name: tests.server.test_limits -*-
 """
 Who may connect, and who is closed for guessing tokens.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_monitor -*-
+# -*- test-case-name: tests.server.test_monitor -*-
 """
 The monitor's log of noted changes, and what is derived from it when
 something reads it: the event ring, the per-key statistics and the

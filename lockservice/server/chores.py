@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_limits -*-
+# -*- test-case-name: tests.server.test_limits -*-
 """
 Background work of the lock service (withdrawing a closed connection's
 waiters), a bounded number of steps per reactor turn.

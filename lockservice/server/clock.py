@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_clock -*-
+# -*- test-case-name: tests.server.test_clock -*-
 """
 Time sources.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_leases -*-
+# -*- test-case-name: tests.server.test_leases -*-
 """
 The service's deadlines: when queued acquires stop waiting, and when
 leases run out, plus the one reactor alarm that rings for the earliest.

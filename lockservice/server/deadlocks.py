@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_monitor -*-
+# -*- test-case-name: tests.server.test_monitor -*-
 """
 The monitor's deadlock checks: the wait-for graph over the lock table,
 searched on a later reactor turn, a budget of edges at a time, and the

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_protocol -*-
+# -*- test-case-name: tests.server.test_protocol -*-
 """
 How a grant is made and how it ends, on an active lock service: a
 release, an expiry (with or without the lock-delay's kept place), an

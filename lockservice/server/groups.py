@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_groups -*-
+# -*- test-case-name: tests.server.test_groups -*-
 """
 The group extension on one node: requests answered from the registry
 (L{lockservice.core.groups}) by the active node, redirected by the

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_hangups -*-
+# -*- test-case-name: tests.server.test_hangups -*-
 """
 Connections that are not read, and whose peer may have gone away.
 

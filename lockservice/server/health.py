@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_health -*-
+# -*- test-case-name: tests.server.test_health -*-
 """
 C{GET /health} and C{GET /ready}: probes for Kubernetes, load balancers
 and monitoring.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_http -*-
+# -*- test-case-name: tests.server.test_http -*-
 """
 The HTTP endpoint (twisted.web): which page answers which path, and the
 service that listens.  Each job is a module of its own:

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_monitor -*-
+# -*- test-case-name: tests.server.test_monitor -*-
 """
 The monitor's long-hold watch (C{--warn-hold}): a grant still held after
 the limit is logged once, counted and flagged for the pages.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_http -*-
+# -*- test-case-name: tests.server.test_http -*-
 """
 Prometheus metrics through prometheus_client.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 The interface the cluster layer drives: tokens, where redirects point, and
 the mirror a standby keeps of the active's grants (applied by replication,

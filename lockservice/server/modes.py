@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_leases -*-
+# -*- test-case-name: tests.server.test_leases -*-
 """
 What a lock service does with its clients' requests: one of three modes,
 changed only by L{LockService.setMode<lockservice.server.service.LockService.setMode>}.

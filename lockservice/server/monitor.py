@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_monitor -*-
+# -*- test-case-name: tests.server.test_monitor -*-
 """
 The operator's view of one node: what happened (the event ring), to which
 keys (per-key statistics), how busy the node was second by second, which
@@ -27,7 +27,7 @@ the rest is done by its parts, each in its own module:
 
 The monitor's hot path reads their lists and calls their methods bound
 once at start, so the split costs no call per change
-(tests/test_callcount.py); they log through the monitor's logger.  It is
+(tests/server/test_callcount.py); they log through the monitor's logger.  It is
 also told of the cluster's events (L{Monitor.clusterEvent}); it never
 changes the table itself except through the service's normal release path
 (force-release), so replication and the other observers see that release

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_monitor -*-
+# -*- test-case-name: tests.server.test_monitor -*-
 """
 The fan-out of the service's changes to whoever watches them: change
 observers (replication, metrics: what the table now holds), activity

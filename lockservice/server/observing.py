@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_observe -*-
+# -*- test-case-name: tests.server.test_observe -*-
 """
 Observers of keys: the C{O} requests that wait for a key's newest live
 grant to change.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_protocol -*-
+# -*- test-case-name: tests.server.test_protocol -*-
 """
 The client line protocol: parse a line, ask the service, write the answer.
 When a connection is read (backpressure, the per-iteration read budget)

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_limits -*-
+# -*- test-case-name: tests.server.test_limits -*-
 """
 How a client connection is read: backpressure (stop reading while the
 answers do not drain) and the per-iteration read budget shared by every

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_protocol -*-
+# -*- test-case-name: tests.server.test_protocol -*-
 """
 A client connection's answers in send order, and the withdrawal of its
 waits once the client is gone.

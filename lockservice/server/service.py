@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_protocol -*-
+# -*- test-case-name: tests.server.test_protocol -*-
 """
 The lock service: the lock table plus the clock that drives it.
 

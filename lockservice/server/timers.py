@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_leases -*-
+# -*- test-case-name: tests.server.test_leases -*-
 """
 The service's timers: the wait and lease deadlines of one lock service
 (the pure bookkeeping of L{lockservice.server.deadlines}) under one

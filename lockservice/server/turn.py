@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_unit -*-
+# -*- test-case-name: tests.cluster.test_cluster_unit -*-
 """
 The answer turn: the answers a turn of requests or timers produces are
 gathered per connection and sent together at its end, once replication

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_limits -*-
+# -*- test-case-name: tests.server.test_limits -*-
 """
 Queued acquires as the service keeps them: the table's waiter plus where
 its answer goes, and the runs that let a gone connection's waiters be cut

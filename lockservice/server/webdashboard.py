@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_http -*-
+# -*- test-case-name: tests.server.test_http -*-
 """
 The live dashboard: the static page at C{/} (shipped with the package,
 allowed only its own script) and C{GET /dashboard.json}, everything it

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_http -*-
+# -*- test-case-name: tests.server.test_http -*-
 """
 What happened on the node: C{GET /events} (the event ring, read from a
 sequence number on) and C{GET /locks/stats} (the busiest keys'

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_http -*-
+# -*- test-case-name: tests.server.test_http -*-
 """
 What every page of the HTTP endpoint shares: the JSON answers (small
 ones at once, big ones a step at a time on one L{Cooperator} shared by

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_http -*-
+# -*- test-case-name: tests.server.test_http -*-
 """
 C{GET /metrics}: the Prometheus text of the node's metrics
 (L{lockservice.server.metrics}), rendered at most once per

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_http -*-
+# -*- test-case-name: tests.server.test_http -*-
 """
 The node's own pages: C{GET /status}, and C{GET /locks} (who holds what
 and who waits: a page of held keys, or one key).  C{POST} on C{/locks}

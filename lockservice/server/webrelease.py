@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_http -*-
+# -*- test-case-name: tests.server.test_http -*-
 """
 The admin's force-release: C{POST /locks/<key>/release} or
 C{POST /locks/release?key=<key>}, allowed with the node's

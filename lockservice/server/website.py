@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_http -*-
+# -*- test-case-name: tests.server.test_http -*-
 """
 The HTTP endpoint's site: how many requests are answered at once (the
 rest: 503 at once), small send buffers per connection, and request

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_state -*-
+# -*- test-case-name: tests.server.test_state -*-
 """
 
 What a node keeps on disk with C{--state-dir DIR} (docs/consistency.md,

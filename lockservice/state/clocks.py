@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_state -*-
+# -*- test-case-name: tests.server.test_state -*-
 """
 The clocks a node checks: how long it was down (C{CLOCK_BOOTTIME} within
 one boot, else the wall clock), and whether its wall clock is behind the

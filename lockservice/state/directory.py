@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_state -*-
+# -*- test-case-name: tests.server.test_state -*-
 """
 The state directory of one node: its file written atomically and
 durably, and a lock so that two nodes never share one directory.

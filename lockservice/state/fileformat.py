@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_state -*-
+# -*- test-case-name: tests.server.test_state -*-
 """
 The file, C{DIR/state}, is text, one record per line, ending with a
 checksum of everything before it::

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_state -*-
+# -*- test-case-name: tests.server.test_state -*-
 """
 A running node's state directory: restores the token mark and the saved
 locks and groups at start, records marks while it runs, saves what it

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_state -*-
+# -*- test-case-name: tests.server.test_state -*-
 """
 The token issuer of a node with C{--state-dir}: it records a high-water
 mark before it issues (or learns) a token above the last one recorded, so

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_tls -*-
+# -*- test-case-name: tests.process.test_tls -*-
 """
 A throw-away certificate authority for tests: a CA and certificates it
 signs, written as PEM files, made with the C{cryptography} package (a

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_partition -*-
+# -*- test-case-name: tests.cluster.test_partition -*-
 """
 Real network faults between real nodes: each node in its own network
 namespace, all on one bridge, with iptables rules inside a node's

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_client_e2e -*-
+# -*- test-case-name: tests.client.test_client_e2e -*-
 """
 A fault-injecting TCP port forwarder, for tests and the chaos suite.
 

@@ -42,7 +42,7 @@ def test_tooz_suite_passes_every_lock_test(spawn, tmp_path) -> None:  # type: ig
                        "--admin-secret", str(secret)])
     env: Dict[str, str] = twistdEnvironment()
     extra = entryPointPath(tmp_path)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in [root, extra, env.get("PYTHONPATH", "")] if p)
     # break_() is the fenced force-release: the node's admin endpoint and secret.
     env["TOOZ_TEST_URL"] = (f"lockservice://{node.address}?admin=http://127.0.0.1:{http}"

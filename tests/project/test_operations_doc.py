@@ -36,7 +36,7 @@ import pytest
 
 from lockservice.testing.notify import NotifyListener
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "operations.md"
 HOSTS = ("ls1", "ls2", "ls3")
 CI = os.environ.get("CI") == "true"

@@ -61,7 +61,7 @@ import pytest
 
 from lockservice.testing.harness import Node, freePort, ping
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md"] + sorted(
     p for p in (ROOT / "docs").glob("*.md") if p.name != "operations.md")
 

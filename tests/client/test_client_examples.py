@@ -12,7 +12,7 @@ from pathlib import Path
 
 from lockservice.testing.harness import LineClient, twistdEnvironment
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def run(name: str, *args: str) -> "subprocess.CompletedProcess[str]":

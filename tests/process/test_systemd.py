@@ -32,7 +32,7 @@ from lockservice.systemd import (
 from lockservice.testing.harness import LineClient, freePorts, ping
 from lockservice.testing.notify import Message, NotifyListener
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "contrib" / "systemd" / "lockservice.service"
 CI = os.environ.get("CI") == "true"
 

@@ -25,7 +25,7 @@ from tests.support.lockers import Lockers
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # lockservice 0.1.0: it speaks peer protocol 2 only.

@@ -1,6 +1,6 @@
 """
 A deterministic guard on the work of acknowledged replication (C{--replication
-ack}), counted as tests/test_callcount.py counts the request path: the
+ack}), counted as tests/server/test_callcount.py counts the request path: the
 source lines run in lockservice's own modules (C{sys.settrace}) and the
 Python calls made, per step, on StringTransport links and a task.Clock.
 

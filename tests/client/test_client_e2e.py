@@ -142,7 +142,7 @@ def test_documented_example_runs_against_a_local_node(spawn) -> None:  # type: i
     from pathlib import Path
 
     node = spawn()
-    example = Path(__file__).resolve().parent.parent / "examples" / "counter.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "counter.py"
     from lockservice.testing.harness import twistdEnvironment
 
     out = subprocess.run(
@@ -191,7 +191,7 @@ def test_asyncio_application_takes_renews_and_releases_a_lock(spawn) -> None:  #
     from lockservice.testing.harness import LineClient, twistdEnvironment
 
     node = spawn()
-    example = Path(__file__).resolve().parent.parent / "examples" / "asyncio_app.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "asyncio_app.py"
     out = subprocess.run([sys.executable, str(example), node.address],
                          capture_output=True, timeout=120, env=twistdEnvironment())
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()

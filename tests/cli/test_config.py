@@ -18,7 +18,7 @@ from lockservice.cli.nodetools import tomlValue
 from lockservice.tap import Options
 from lockservice.testing.harness import freePort, ping, twistdEnvironment, waitFor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "config-test-secret-0123456789abcdef"
 
 
